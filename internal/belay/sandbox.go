@@ -1,0 +1,91 @@
+package belay
+
+import (
+	"context"
+	"time"
+)
+
+// Orchestrator sequences runs: activate the capability, launch the sandbox,
+// wait, validate the result, finalize, and on every path revoke the
+// capability and clean the sandbox. The embedded one runs in-process; on AWS
+// a Step Functions state machine runs the same steps.
+type Orchestrator interface {
+	// Submit starts sequencing a stored, queued run and returns without
+	// waiting for it.
+	Submit(ctx context.Context, runID string) error
+
+	// Cancel stops the run's sandbox, if any, so the run finalizes as
+	// cancelled. The caller has already recorded cancelRequested and
+	// revoked the capability. It is idempotent.
+	Cancel(ctx context.Context, runID string) error
+}
+
+// SandboxSpec is what a sandbox is told about its run. It is written as
+// spec.json into the sandbox workspace; Tokens never are (they travel as
+// owner-only files, see DESIGN.md "Sandbox entry").
+type SandboxSpec struct {
+	RunID           string         `json:"runId"`
+	Model           string         `json:"model"`
+	Instruction     string         `json:"instruction"`
+	Files           []File         `json:"files"`
+	AllowedPaths    []string       `json:"allowedPaths"`
+	Checks          [][]string     `json:"checks"`
+	MaxSteps        int            `json:"maxSteps"`
+	WallTimeSeconds int            `json:"wallTimeSeconds"`
+	Approval        ApprovalConfig `json:"approval"`
+	// APIBaseURL is where the internal routes are, for example
+	// "http://belay" when APISocket is set (a Unix socket in the
+	// workspace) or the private API's URL on AWS.
+	APIBaseURL string `json:"apiBaseUrl"`
+	APISocket  string `json:"apiSocket,omitempty"`
+
+	Tokens SandboxTokens `json:"-"`
+}
+
+// SandboxTokens are a run's three audience tokens.
+type SandboxTokens struct {
+	Model     string
+	Events    string
+	Approvals string
+}
+
+// SpecFor builds the sandbox spec of a run from its canonical request.
+func SpecFor(runID string, req RunRequest) SandboxSpec {
+	return SandboxSpec{
+		RunID:           runID,
+		Model:           req.Model,
+		Instruction:     req.Instruction,
+		Files:           req.Files,
+		AllowedPaths:    req.AllowedPaths,
+		Checks:          req.Checks,
+		MaxSteps:        req.MaxSteps,
+		WallTimeSeconds: req.WallTimeSeconds,
+		Approval:        req.Approval,
+	}
+}
+
+// Launcher starts sandboxes: a local hardened subprocess, or a Fargate task.
+type Launcher interface {
+	// Launch starts a sandbox for spec and returns once it is running.
+	Launch(ctx context.Context, spec SandboxSpec) (Sandbox, error)
+}
+
+// Sandbox is one running sandbox.
+type Sandbox interface {
+	// Wait blocks until the sandbox exits or ctx ends, and returns how it
+	// ended and the files it left in its output folder (result.json,
+	// patch.diff, transcript.jsonl; each capped at MaxArtifactBytes).
+	Wait(ctx context.Context) (SandboxExit, error)
+	// Stop kills the sandbox; it is idempotent.
+	Stop(ctx context.Context) error
+	// Cleanup removes the sandbox's workspace; it is idempotent.
+	Cleanup() error
+}
+
+// SandboxExit is how a sandbox ended.
+type SandboxExit struct {
+	ExitCode int
+	Signaled bool
+	Duration time.Duration
+	Files    map[string][]byte
+}
