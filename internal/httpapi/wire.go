@@ -1,0 +1,254 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
+)
+
+// This file holds the JSON shapes of the API, shared by the server and the Go
+// client so the two cannot drift apart.
+
+// ErrorBody is every error answer: {"error":{"code","message","requestId"}}.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the inside of an error answer. Code is stable and what
+// clients branch on; Message is for people; RequestID ties the answer to the
+// server's log line.
+type ErrorDetail struct {
+	Code      belay.Code `json:"code"`
+	Message   string     `json:"message"`
+	RequestID string     `json:"requestId"`
+}
+
+// RequestIDHeader carries the request id on every answer, errors or not, so
+// a caller can quote it when something goes wrong.
+const RequestIDHeader = "X-Request-Id"
+
+// IdempotencyKeyHeader names the header that makes POST /v1/runs safe to
+// retry: the same key with the same body returns the same run.
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// MaxIdempotencyKeyLen bounds the Idempotency-Key header, in bytes.
+const MaxIdempotencyKeyLen = 255
+
+// HTTPStatus maps an error code to its HTTP status: the one table the server
+// answers by. A code it does not know is an internal error.
+func HTTPStatus(code belay.Code) int {
+	switch code {
+	case belay.CodeInvalid:
+		return http.StatusBadRequest
+	case belay.CodeTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case belay.CodeUnauthorized, belay.CodeInactiveRunToken:
+		return http.StatusUnauthorized
+	case belay.CodeForbidden:
+		return http.StatusForbidden
+	case belay.CodeNotFound:
+		return http.StatusNotFound
+	case belay.CodeConflict:
+		return http.StatusConflict
+	case belay.CodeBudgetExhausted:
+		return http.StatusTooManyRequests
+	case belay.CodeEventsExpired:
+		return http.StatusGone
+	case belay.CodeUpstream:
+		return http.StatusBadGateway
+	case belay.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// CreateRunResponse answers POST /v1/runs (202).
+type CreateRunResponse struct {
+	RunID  string          `json:"runId"`
+	Status belay.RunStatus `json:"status"`
+	Links  RunLinks        `json:"links"`
+}
+
+// RunLinks are the paths of a run's resources, relative to the API's base URL,
+// so a client never builds them by hand.
+type RunLinks struct {
+	Self      string `json:"self"`
+	Events    string `json:"events"`
+	Stream    string `json:"stream"`
+	Approvals string `json:"approvals"`
+	Cancel    string `json:"cancel"`
+	Artifacts string `json:"artifacts"`
+}
+
+// LinksFor returns the links of run id.
+func LinksFor(id string) RunLinks {
+	self := "/v1/runs/" + id
+	return RunLinks{
+		Self:      self,
+		Events:    self + "/events",
+		Stream:    self + "/events?stream=1",
+		Approvals: self + "/approvals",
+		Cancel:    self + "/cancel",
+		Artifacts: self + "/artifacts",
+	}
+}
+
+// RunView is the public view of a run (GET /v1/runs/{id}, list entries, the
+// cancel answer). It leaves out the uploaded file contents and the
+// instruction: they are the caller's own input, can be large, and a listing
+// of runs should not repeat them.
+type RunView struct {
+	RunID           string              `json:"runId"`
+	Status          belay.RunStatus     `json:"status"`
+	Model           string              `json:"model"`
+	CreatedAt       time.Time           `json:"createdAt"`
+	UpdatedAt       time.Time           `json:"updatedAt"`
+	StartedAt       time.Time           `json:"startedAt,omitzero"`
+	FinishedAt      time.Time           `json:"finishedAt,omitzero"`
+	CancelRequested bool                `json:"cancelRequested"`
+	Reason          string              `json:"reason,omitempty"`
+	ExitCode        *int                `json:"exitCode,omitempty"`
+	Usage           belay.Usage         `json:"usage"`
+	Checks          []belay.CheckResult `json:"checks"`
+	ChangedFiles    []string            `json:"changedFiles"`
+	Artifacts       []string            `json:"artifacts"`
+	LastSeq         int64               `json:"lastSeq"`
+	Request         RunRequestSummary   `json:"request"`
+	Links           RunLinks            `json:"links"`
+}
+
+// RunRequestSummary is what a run was asked to do, without file contents:
+// the uploaded paths, the allowed paths, the requested checks and limits.
+type RunRequestSummary struct {
+	Files           []string             `json:"files"`
+	AllowedPaths    []string             `json:"allowedPaths"`
+	Checks          [][]string           `json:"checks"`
+	MaxSteps        int                  `json:"maxSteps"`
+	WallTimeSeconds int                  `json:"wallTimeSeconds"`
+	Approval        belay.ApprovalConfig `json:"approval"`
+}
+
+// ViewOf builds the public view of r.
+func ViewOf(r belay.Run) RunView {
+	files := make([]string, len(r.Request.Files))
+	for i, f := range r.Request.Files {
+		files[i] = f.Path
+	}
+	return RunView{
+		RunID:           r.ID,
+		Status:          r.Status,
+		Model:           r.Request.Model,
+		CreatedAt:       r.CreatedAt,
+		UpdatedAt:       r.UpdatedAt,
+		StartedAt:       r.StartedAt,
+		FinishedAt:      r.FinishedAt,
+		CancelRequested: r.CancelRequested,
+		Reason:          r.Reason,
+		ExitCode:        r.ExitCode,
+		Usage:           r.Usage,
+		Checks:          nonNil(r.Checks),
+		ChangedFiles:    nonNil(r.ChangedFiles),
+		Artifacts:       nonNil(r.Artifacts),
+		LastSeq:         r.LastSeq,
+		Request: RunRequestSummary{
+			Files:           files,
+			AllowedPaths:    nonNil(r.Request.AllowedPaths),
+			Checks:          nonNil(r.Request.Checks),
+			MaxSteps:        r.Request.MaxSteps,
+			WallTimeSeconds: r.Request.WallTimeSeconds,
+			Approval:        r.Request.Approval,
+		},
+		Links: LinksFor(r.ID),
+	}
+}
+
+// nonNil turns a nil slice into an empty one so JSON says [] rather than
+// null: clients iterate without a nil check.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// RunList answers GET /v1/runs. NextCursor is empty on the last page.
+type RunList struct {
+	Runs       []RunView `json:"runs"`
+	NextCursor string    `json:"nextCursor,omitempty"`
+}
+
+// ApprovalList answers GET /v1/runs/{id}/approvals, oldest first.
+type ApprovalList struct {
+	Approvals []belay.Approval `json:"approvals"`
+}
+
+// DecisionRequest is the body of POST /v1/runs/{id}/approvals/{approvalId}.
+type DecisionRequest struct {
+	Decision belay.Decision `json:"decision"`
+	Reason   string         `json:"reason,omitempty"`
+}
+
+// MaxDecisionReasonLen bounds a decision's reason, in bytes.
+const MaxDecisionReasonLen = 1000
+
+// ArtifactList answers GET /v1/runs/{id}/artifacts.
+type ArtifactList struct {
+	Artifacts []belay.ArtifactInfo `json:"artifacts"`
+}
+
+// EventsMissedType is the type of the in-band marker that tells an event
+// reader it asked for events the bounded buffer no longer keeps. In NDJSON it
+// is a first line {"type":"events.missed","data":{"oldestSeq":N}} without a
+// seq; in SSE it is an "event: events.missed" without an id. Events after
+// the reader's position and before OldestSeq are gone.
+const EventsMissedType = "events.missed"
+
+// EventsMissed is the data of the events.missed marker.
+type EventsMissed struct {
+	OldestSeq int64 `json:"oldestSeq"`
+}
+
+// EventsMissedLine is the NDJSON form of the events.missed marker.
+type EventsMissedLine struct {
+	Type string       `json:"type"`
+	Data EventsMissed `json:"data"`
+}
+
+// Headers of an NDJSON events answer that let a reader page without parsing
+// the last line: the newest seq written, and whether the log has ended.
+const (
+	LastSeqHeader  = "Belay-Last-Seq"
+	TerminalHeader = "Belay-Run-Terminal"
+)
+
+// Internal API (sandbox ↔ control plane).
+
+// EventBatch is the body of POST /internal/v1/runs/{id}/events. BatchID is
+// unique per batch and repeated on a retry, which then appends nothing.
+type EventBatch struct {
+	BatchID string             `json:"batchId"`
+	Events  []belay.EventInput `json:"events"`
+}
+
+// Bounds of one event batch.
+const (
+	MaxBatchEvents  = 100
+	MaxBatchBytes   = 256 << 10
+	MaxBatchIDLen   = 128
+	MaxApprovalBody = 64 << 10
+)
+
+// EventBatchResponse answers an event batch with the stored events.
+type EventBatchResponse struct {
+	Events []belay.Event `json:"events"`
+}
+
+// ApprovalRequest is the body of POST /internal/v1/runs/{id}/approvals: the
+// tool call the sandbox wants to run.
+type ApprovalRequest struct {
+	Tool      string          `json:"tool"`
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+}
