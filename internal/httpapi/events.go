@@ -1,0 +1,222 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
+)
+
+// Bounds of GET /v1/runs/{id}/events as NDJSON.
+const (
+	DefaultEventsLimit = 500
+	MaxEventsLimit     = 2000
+)
+
+// ssePageSize is how many events an SSE stream reads from the store at once.
+const ssePageSize = 500
+
+// handleEvents serves a run's log as NDJSON, or as an SSE stream when the
+// caller asks with Accept: text/event-stream or ?stream=1.
+func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
+	id, err := runID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	after, err := intParam(q.Get("after"), "after", 0, 0, math.MaxInt64)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if wantsStream(r) {
+		if v := r.Header.Get("Last-Event-ID"); v != "" {
+			// A reconnecting EventSource sends where it stopped; that wins
+			// over the after it first connected with.
+			after, err = intParam(strings.TrimSpace(v), "Last-Event-ID", 0, 0, math.MaxInt64)
+			if err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+		}
+		s.streamEvents(w, r, id, after)
+		return
+	}
+	limit, err := intParam(q.Get("limit"), "limit", DefaultEventsLimit, 1, MaxEventsLimit)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	page, err := s.store.ListEvents(r.Context(), id, after, int(limit))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/x-ndjson")
+	h.Set(LastSeqHeader, strconv.FormatInt(page.LastSeq, 10))
+	h.Set(TerminalHeader, strconv.FormatBool(page.Terminal))
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriter(w)
+	enc := json.NewEncoder(bw)
+	if page.Missed {
+		_ = enc.Encode(EventsMissedLine{Type: EventsMissedType, Data: EventsMissed{OldestSeq: page.OldestSeq}})
+	}
+	for _, e := range page.Events {
+		if err := enc.Encode(e); err != nil {
+			return
+		}
+	}
+	_ = bw.Flush()
+}
+
+func wantsStream(r *http.Request) bool {
+	if v := r.URL.Query().Get("stream"); v == "1" || v == "true" {
+		return true
+	}
+	for _, accept := range r.Header.Values("Accept") {
+		for part := range strings.SplitSeq(accept, ",") {
+			mt, _, _ := strings.Cut(part, ";")
+			if strings.EqualFold(strings.TrimSpace(mt), "text/event-stream") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// streamEvents writes the log after `after` as server-sent events, then
+// polls the store for more, until the terminal event has been sent or the
+// caller leaves. A comment line goes out whenever the stream has been quiet
+// for a heartbeat interval.
+func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, id string, after int64) {
+	ctx := r.Context()
+	// The first read happens before any header is written, so an unknown
+	// run still gets a normal JSON 404.
+	page, err := s.store.ListEvents(ctx, id, after, ssePageSize)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	rc := http.NewResponseController(w)
+	// A server WriteTimeout would cut a long stream; this one has its own
+	// end (the terminal event) and its own keep-alive (the heartbeat).
+	_ = rc.SetWriteDeadline(time.Time{})
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+
+	bw := bufio.NewWriter(w)
+	flush := func() bool {
+		if bw.Flush() != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	if !flush() {
+		return
+	}
+	heartbeat := time.NewTimer(s.heartbeat)
+	defer heartbeat.Stop()
+	poll := time.NewTicker(s.pollEvery)
+	defer poll.Stop()
+
+	for {
+		if page.Missed {
+			data, _ := json.Marshal(EventsMissed{OldestSeq: page.OldestSeq})
+			writeSSE(bw, "", EventsMissedType, data)
+			// Events before OldestSeq are gone; do not report them again.
+			after = max(after, page.OldestSeq-1)
+		}
+		ended := false
+		for _, e := range page.Events {
+			data, err := json.Marshal(e)
+			if err != nil {
+				s.log.Error("encode event", "request_id", stateOf(r).id, "run_id", id, "err", err.Error())
+				return
+			}
+			writeSSE(bw, strconv.FormatInt(e.Seq, 10), e.Type, data)
+			after = e.Seq
+			if belay.IsTerminalEvent(e.Type) {
+				ended = true
+				break
+			}
+		}
+		if page.Missed || len(page.Events) > 0 {
+			if !flush() {
+				return
+			}
+			heartbeat.Reset(s.heartbeat)
+		}
+		if ended || (page.Terminal && after >= page.LastSeq) {
+			return
+		}
+		if len(page.Events) < ssePageSize {
+			if !s.waitForPoll(ctx, bw, flush, heartbeat, poll) {
+				return
+			}
+		}
+		page, err = s.store.ListEvents(ctx, id, after, ssePageSize)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.streamError(bw, r, id, err)
+				flush()
+			}
+			return
+		}
+	}
+}
+
+// waitForPoll blocks until the next poll tick, sending heartbeats while it
+// waits. It returns false when the caller has gone.
+func (s *Server) waitForPoll(ctx context.Context, bw *bufio.Writer, flush func() bool, heartbeat *time.Timer, poll *time.Ticker) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-poll.C:
+			return true
+		case <-heartbeat.C:
+			_, _ = bw.WriteString(": ping\n\n")
+			if !flush() {
+				return false
+			}
+			heartbeat.Reset(s.heartbeat)
+		}
+	}
+}
+
+// streamError ends a stream with an in-band error, since the status line is
+// long gone. Internal errors are logged and answered as "internal error".
+func (s *Server) streamError(bw *bufio.Writer, r *http.Request, id string, err error) {
+	st := stateOf(r)
+	code := belay.ErrorCode(err)
+	if code == belay.CodeInternal {
+		s.log.Error("event stream", "request_id", st.id, "run_id", id, "err", err.Error())
+	}
+	data, _ := json.Marshal(ErrorBody{Error: ErrorDetail{Code: code, Message: belay.ErrorMessage(err), RequestID: st.id}})
+	writeSSE(bw, "", "error", data)
+}
+
+// writeSSE writes one event. data is a single line of JSON, so it needs no
+// splitting; type and id come from the store and hold no newlines, which is
+// checked anyway so a bad value cannot inject fields.
+func writeSSE(bw *bufio.Writer, id, typ string, data []byte) {
+	if id != "" && !strings.ContainsAny(id, "\r\n") {
+		_, _ = bw.WriteString("id: " + id + "\n")
+	}
+	if typ != "" && !strings.ContainsAny(typ, "\r\n") {
+		_, _ = bw.WriteString("event: " + typ + "\n")
+	}
+	_, _ = bw.WriteString("data: ")
+	_, _ = bw.Write(data)
+	_, _ = bw.WriteString("\n\n")
+}

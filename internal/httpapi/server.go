@@ -1,0 +1,335 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/token"
+)
+
+// Defaults of the Config fields that may be left zero.
+const (
+	DefaultHeartbeatInterval   = 15 * time.Second
+	DefaultEventsPollInterval  = 250 * time.Millisecond
+	DefaultUpstreamTimeout     = 120 * time.Second
+	DefaultMaxUpstreamResponse = 4 << 20
+)
+
+// Config is what the handler needs. Store, Artifacts, Orchestrator, Signer,
+// Limits.Model, ControlTokens and Upstream (URL and Key) are required; the
+// rest have defaults.
+type Config struct {
+	Store     belay.Store
+	Artifacts belay.ArtifactStore
+	// Orchestrator is told to Submit each new run and to Cancel a run
+	// after its cancellation is recorded and its capability revoked.
+	Orchestrator belay.Orchestrator
+	// Signer verifies the sandbox's run tokens on the internal routes.
+	Signer *token.Signer
+	Limits belay.Limits
+	// ControlTokens are the accepted control-plane bearer tokens; more than
+	// one lets an operator rotate without downtime.
+	ControlTokens []string
+	Upstream      Upstream
+	// Logger receives one line per request at debug level and every
+	// internal error at error level. Nil discards.
+	Logger *slog.Logger
+	// Now is the clock for run timestamps, capability expiry and approval
+	// timeouts. Nil means time.Now.
+	Now func() time.Time
+	// Entropy feeds run, approval and request ids. Nil means crypto/rand.
+	Entropy io.Reader
+	// HeartbeatInterval is the longest an SSE stream stays silent; a
+	// comment line keeps proxies from closing it. Zero means 15 s.
+	HeartbeatInterval time.Duration
+	// EventsPollInterval is how often an SSE stream polls the store for new
+	// events. Zero means 250 ms.
+	EventsPollInterval time.Duration
+}
+
+// Upstream is the operator's model provider, which the model proxy forwards
+// to after a call has passed every check.
+type Upstream struct {
+	// URL is the chat-completions endpoint; see ValidateUpstreamURL.
+	URL string
+	// AllowLoopbackHTTP permits plain http to a loopback host, for a model
+	// served on the same machine in embedded mode.
+	AllowLoopbackHTTP bool
+	// Key returns the provider key. It is called once per forwarded call,
+	// after the budget is spent, so the key source should cache.
+	Key func(ctx context.Context) (string, error)
+	// OnUnauthorized, when set, is called when the upstream answers 401,
+	// so a caching key source can refresh a rotated key early.
+	OnUnauthorized func()
+	// Client sends the upstream calls; nil means a client of its own. The
+	// handler never follows redirects, whichever client it is given, so the
+	// key is only ever sent to URL.
+	Client *http.Client
+	// Timeout bounds one upstream call. Zero means 120 s.
+	Timeout time.Duration
+	// MaxResponseBytes caps the upstream's answer. Zero means 4 MiB.
+	MaxResponseBytes int64
+}
+
+// Server is the control plane's HTTP handler. It is safe for concurrent use.
+type Server struct {
+	store        belay.Store
+	artifacts    belay.ArtifactStore
+	orchestrator belay.Orchestrator
+	signer       *token.Signer
+	limits       belay.Limits
+	controlHash  [][sha256.Size]byte
+	upstream     Upstream
+	client       *http.Client
+	log          *slog.Logger
+	now          func() time.Time
+	heartbeat    time.Duration
+	pollEvery    time.Duration
+
+	entropyMu sync.Mutex
+	entropy   io.Reader
+
+	public   *http.ServeMux
+	internal *http.ServeMux
+}
+
+// New checks cfg and builds the handler. It refuses a config that would
+// serve insecurely (a bad upstream URL, an empty control token) rather than
+// start and fail later.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Store == nil:
+		return nil, errors.New("httpapi: Config.Store is required")
+	case cfg.Artifacts == nil:
+		return nil, errors.New("httpapi: Config.Artifacts is required")
+	case cfg.Orchestrator == nil:
+		return nil, errors.New("httpapi: Config.Orchestrator is required")
+	case cfg.Signer == nil:
+		return nil, errors.New("httpapi: Config.Signer is required")
+	case cfg.Limits.Model == "":
+		return nil, errors.New("httpapi: Config.Limits.Model is required")
+	case len(cfg.ControlTokens) == 0:
+		return nil, errors.New("httpapi: at least one control-plane token is required")
+	case cfg.Upstream.Key == nil:
+		return nil, errors.New("httpapi: Config.Upstream.Key is required")
+	}
+	if err := ValidateUpstreamURL(cfg.Upstream.URL, cfg.Upstream.AllowLoopbackHTTP); err != nil {
+		return nil, fmt.Errorf("httpapi: %w", err)
+	}
+	s := &Server{
+		store:        cfg.Store,
+		artifacts:    cfg.Artifacts,
+		orchestrator: cfg.Orchestrator,
+		signer:       cfg.Signer,
+		limits:       cfg.Limits,
+		upstream:     cfg.Upstream,
+		log:          cfg.Logger,
+		now:          cfg.Now,
+		entropy:      cfg.Entropy,
+		heartbeat:    cfg.HeartbeatInterval,
+		pollEvery:    cfg.EventsPollInterval,
+	}
+	for i, t := range cfg.ControlTokens {
+		if len(t) < 16 {
+			return nil, fmt.Errorf("httpapi: control-plane token %d is shorter than 16 bytes", i)
+		}
+		s.controlHash = append(s.controlHash, sha256.Sum256([]byte(t)))
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.entropy == nil {
+		s.entropy = rand.Reader
+	}
+	if s.heartbeat <= 0 {
+		s.heartbeat = DefaultHeartbeatInterval
+	}
+	if s.pollEvery <= 0 {
+		s.pollEvery = DefaultEventsPollInterval
+	}
+	if s.upstream.Timeout <= 0 {
+		s.upstream.Timeout = DefaultUpstreamTimeout
+	}
+	if s.upstream.MaxResponseBytes <= 0 {
+		s.upstream.MaxResponseBytes = DefaultMaxUpstreamResponse
+	}
+	if cfg.Upstream.Client != nil {
+		c := *cfg.Upstream.Client
+		s.client = &c
+	} else {
+		s.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	s.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+	s.public = http.NewServeMux()
+	s.internal = http.NewServeMux()
+	for _, mux := range []*http.ServeMux{s.public, s.internal} {
+		mux.HandleFunc("POST /internal/v1/chat/completions", s.handleChatCompletions)
+		mux.HandleFunc("POST /internal/v1/runs/{id}/events", s.handleAppendEvents)
+		mux.HandleFunc("POST /internal/v1/runs/{id}/approvals", s.handleRequestApproval)
+		mux.HandleFunc("GET /internal/v1/runs/{id}/approvals/{approvalId}", s.handleGetApprovalInternal)
+		mux.HandleFunc("/", s.handleNoRoute)
+	}
+	s.public.HandleFunc("POST /v1/runs", s.handleCreateRun)
+	s.public.HandleFunc("GET /v1/runs", s.handleListRuns)
+	s.public.HandleFunc("GET /v1/runs/{id}", s.handleGetRun)
+	s.public.HandleFunc("GET /v1/runs/{id}/events", s.handleEvents)
+	s.public.HandleFunc("GET /v1/runs/{id}/approvals", s.handleListApprovals)
+	s.public.HandleFunc("POST /v1/runs/{id}/approvals/{approvalId}", s.handleDecideApproval)
+	s.public.HandleFunc("POST /v1/runs/{id}/cancel", s.handleCancel)
+	s.public.HandleFunc("GET /v1/runs/{id}/artifacts", s.handleListArtifacts)
+	s.public.HandleFunc("GET /v1/runs/{id}/artifacts/{name}", s.handleGetArtifact)
+	return s, nil
+}
+
+// ServeHTTP serves the public and the internal routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.serve(w, r, s.public)
+}
+
+// InternalHandler serves only the internal routes (model proxy, event
+// append, approvals): what the local launcher exposes on the sandbox's Unix
+// socket, so a sandbox can never reach the public API.
+func (s *Server) InternalHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.serve(w, r, s.internal)
+	})
+}
+
+// requestState is what a request's handlers tell the shared error and log
+// paths: its id, and the run it concerns once known.
+type requestState struct {
+	id    string
+	runID string
+}
+
+type stateKey struct{}
+
+func stateOf(r *http.Request) *requestState {
+	if st, ok := r.Context().Value(stateKey{}).(*requestState); ok {
+		return st
+	}
+	return &requestState{}
+}
+
+// serve wraps every route: request id, security headers, the control-plane
+// check on public routes, panic recovery and a debug log line.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, mux *http.ServeMux) {
+	start := time.Now()
+	st := &requestState{id: s.newID("req_")}
+	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+	h := w.Header()
+	h.Set(RequestIDHeader, st.id)
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+	h.Set("Referrer-Policy", "no-referrer")
+	sw := &statusWriter{ResponseWriter: w}
+
+	defer func() {
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+			s.log.Error("handler panicked", "request_id", st.id, "run_id", st.runID, "panic", fmt.Sprint(p))
+			if sw.status == 0 {
+				s.writeError(sw, r, errors.New("panic"))
+			}
+		}
+		s.log.Debug("request", "request_id", st.id, "run_id", st.runID, "method", r.Method,
+			"path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
+	}()
+
+	if r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/") {
+		if !s.controlAuthorized(r) {
+			s.writeError(sw, r, belay.Errorf(belay.CodeUnauthorized, "missing or invalid control-plane token"))
+			return
+		}
+	}
+	mux.ServeHTTP(sw, r)
+}
+
+func (s *Server) handleNoRoute(w http.ResponseWriter, r *http.Request) {
+	s.writeError(w, r, belay.Errorf(belay.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path))
+}
+
+// controlAuthorized compares the bearer token with every configured control
+// token in constant time. Hashing first makes the compare independent of
+// the tokens' lengths too.
+func (s *Server) controlAuthorized(r *http.Request) bool {
+	tok, ok := bearer(r)
+	if !ok {
+		return false
+	}
+	got := sha256.Sum256([]byte(tok))
+	match := 0
+	for _, want := range s.controlHash {
+		match |= subtle.ConstantTimeCompare(got[:], want[:])
+	}
+	return match == 1
+}
+
+// bearer returns the token of an "Authorization: Bearer <token>" header.
+func bearer(r *http.Request) (string, bool) {
+	v := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newID returns prefix plus 128 random bits, lower-case base32. Entropy may
+// be a test's deterministic reader, which need not be safe for concurrent
+// use, hence the lock. A failing entropy source is not recoverable.
+func (s *Server) newID(prefix string) string {
+	var b [16]byte
+	s.entropyMu.Lock()
+	_, err := io.ReadFull(s.entropy, b[:])
+	s.entropyMu.Unlock()
+	if err != nil {
+		panic(fmt.Sprintf("httpapi: read entropy: %v", err))
+	}
+	return prefix + idEncoding.EncodeToString(b[:])
+}
+
+// statusWriter remembers the status for the log line. Unwrap lets
+// http.ResponseController reach the real writer's Flush and deadlines.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
