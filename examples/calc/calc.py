@@ -1,0 +1,11 @@
+"""A tiny calculator with a bug for belay's demo: add subtracts."""
+
+
+def add(a, b):
+    """Return the sum of a and b."""
+    return a - b
+
+
+def mul(a, b):
+    """Return the product of a and b."""
+    return a * b
