@@ -367,6 +367,13 @@ func TestParseRunRequestAccepts(t *testing.T) {
 				tb.Errorf("content lost its emoji")
 			}
 		}},
+		{"escaped backslash before u", func(tb testing.TB) []byte {
+			return []byte(strings.Replace(string(marshal(tb, baseRequest())), canaryContent, canaryContent+`\\ud800 \"\ud83d\ude00`, 1))
+		}, nil, func(tb testing.TB, req belay.RunRequest) {
+			if want := canaryContent + `\ud800 "😀`; !strings.Contains(req.Files[0].Content, want) {
+				tb.Errorf("content %q does not contain %q", req.Files[0].Content, want)
+			}
+		}},
 		{"escaped NUL-free control characters in content", with(func(m map[string]any) {
 			m["files"].([]any)[0].(map[string]any)["content"] = "a\tb\r\n\f"
 		}), nil, func(tb testing.TB, req belay.RunRequest) {
