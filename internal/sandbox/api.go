@@ -1,0 +1,180 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/httpapi"
+)
+
+// NewAPIClient returns the HTTP client for the control plane's internal
+// routes: over the Unix socket at socket when it is set (the embedded
+// control plane; the URL's host is then ignored), over TCP otherwise. It
+// never takes a proxy from the environment. Requests are bounded by their
+// context, not by a client timeout, because a model call may take minutes.
+func NewAPIClient(socket string) *http.Client {
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		Proxy:                 nil,
+		DialContext:           dialer.DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          8,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	if socket != "" {
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "unix", socket)
+		}
+	}
+	return &http.Client{Transport: tr}
+}
+
+func isLoopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// APIError is an error answer of the control plane: its HTTP status and
+// the stable code and message of its error body. It never holds the token
+// of the request.
+type APIError struct {
+	Status    int
+	Code      belay.Code
+	Message   string
+	RequestID string
+}
+
+func (e *APIError) Error() string {
+	msg := fmt.Sprintf("control plane answered %d", e.Status)
+	if e.Code != "" {
+		msg += " " + string(e.Code)
+	}
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	if e.RequestID != "" {
+		msg += " (request " + e.RequestID + ")"
+	}
+	return msg
+}
+
+// maxAPIResponse caps a response body from the internal routes the entry
+// reads (events, approvals).
+const maxAPIResponse = 1 << 20
+
+// apiRoute is one internal route with its audience token.
+type apiRoute struct {
+	client *http.Client
+	base   string // APIBaseURL, without a trailing slash
+	token  string
+}
+
+// url joins the base URL and the path segments, escaping each one.
+func (r apiRoute) url(segments ...string) string {
+	var b strings.Builder
+	b.WriteString(strings.TrimSuffix(r.base, "/"))
+	for _, s := range segments {
+		b.WriteByte('/')
+		b.WriteString(url.PathEscape(s))
+	}
+	return b.String()
+}
+
+// do sends one request with the route's token and decodes a 2xx answer
+// into out (when not nil). A non-2xx answer is an *APIError; a transport
+// failure is wrapped with the method and path, never the token.
+func (r apiRoute) do(ctx context.Context, method, u string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("%s %s: encode body: %w", method, pathOf(u), err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, pathOf(u), err)
+	}
+	req.Header.Set("Authorization", "Bearer "+r.token)
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		// *url.Error repeats the URL, which holds no secret; unwrap it to
+		// keep the message short.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("%s %s: %w", method, pathOf(u), err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAPIResponse+1))
+	if err != nil {
+		return fmt.Errorf("%s %s: read answer: %w", method, pathOf(u), err)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		ae := &APIError{Status: resp.StatusCode}
+		var eb httpapi.ErrorBody
+		if json.Unmarshal(data, &eb) == nil {
+			ae.Code, ae.Message, ae.RequestID = eb.Error.Code, truncate(eb.Error.Message, 500), eb.Error.RequestID
+		}
+		return ae
+	}
+	if len(data) > maxAPIResponse {
+		return fmt.Errorf("%s %s: answer larger than %d bytes", method, pathOf(u), maxAPIResponse)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: decode answer: %w", method, pathOf(u), err)
+		}
+	}
+	return nil
+}
+
+func pathOf(u string) string {
+	if p, err := url.Parse(u); err == nil {
+		return p.Path
+	}
+	return "?"
+}
+
+// retryable reports whether a failed call may be repeated: transport
+// failures, 429 and 5xx. Any other answer would be the same again.
+func retryable(err error) bool {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae.Status == http.StatusTooManyRequests || ae.Status >= 500
+	}
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// sleepCtx waits d or until ctx ends, reporting whether the wait was whole.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

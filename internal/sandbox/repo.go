@@ -1,0 +1,197 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
+)
+
+// The identity and date of every commit the entry makes. They are fixed so
+// that the same upload always gives the same base commit, whoever runs it
+// and whenever: the control plane and a person can recompute it.
+const (
+	GitName  = "belay sandbox"
+	GitEmail = "sandbox@belay.invalid"
+	GitDate  = "2000-01-01T00:00:00Z"
+)
+
+// excludePatterns keep what the checks leave behind (bytecode, pytest's
+// cache) out of the head commit, so running a check never shows up as a
+// change outside allowedPaths.
+const excludePatterns = `# Written by the belay sandbox: what checks leave behind is never part of a patch.
+__pycache__/
+*.py[cod]
+.pytest_cache/
+`
+
+// gitTimeout bounds each git command the entry runs.
+const gitTimeout = 60 * time.Second
+
+// Git runs git in one repository with a hermetic configuration: no system
+// or global config, HOME in the workspace, no hooks, no fsmonitor, no
+// external diff or text conversion, and the fixed identity and date. The
+// model can write into the repository through an approved shell command,
+// so nothing in its config may make the entry's own git calls run code.
+type Git struct {
+	// Dir is the work tree; Home is HOME for git.
+	Dir  string
+	Home string
+}
+
+var gitFlags = []string{
+	"-c", "core.hooksPath=/dev/null",
+	"-c", "core.fsmonitor=false",
+	"-c", "core.autocrlf=false",
+	"-c", "core.quotePath=false",
+	"-c", "commit.gpgSign=false",
+	"-c", "init.defaultBranch=main",
+	"-c", "gc.auto=0",
+	"-c", "maintenance.auto=false",
+	"-c", "user.name=" + GitName,
+	"-c", "user.email=" + GitEmail,
+}
+
+func (g Git) env() []string {
+	return []string{
+		"PATH=" + CleanPath,
+		"HOME=" + g.Home,
+		"LANG=C.UTF-8",
+		"GIT_CONFIG_NOSYSTEM=1",
+		"GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_TERMINAL_PROMPT=0",
+		"GIT_AUTHOR_NAME=" + GitName,
+		"GIT_AUTHOR_EMAIL=" + GitEmail,
+		"GIT_AUTHOR_DATE=" + GitDate,
+		"GIT_COMMITTER_NAME=" + GitName,
+		"GIT_COMMITTER_EMAIL=" + GitEmail,
+		"GIT_COMMITTER_DATE=" + GitDate,
+	}
+}
+
+// Run runs git with args and returns its standard output. A non-zero exit
+// is an error carrying the end of standard error.
+func (g Git) Run(ctx context.Context, args ...string) ([]byte, error) {
+	var stdout bytes.Buffer
+	argv := append(append([]string{"git"}, gitFlags...), args...)
+	res, err := RunCommand(ctx, Command{
+		Argv: argv, Dir: g.Dir, Env: g.env(), Timeout: gitTimeout,
+		MaxOutput: 4 << 10, Stdout: &stdout,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("git %s: %w", args[0], err)
+	}
+	if res.ExitCode != 0 {
+		return nil, fmt.Errorf("git %s: exit code %d: %s", args[0], res.ExitCode, strings.TrimSpace(string(res.Output)))
+	}
+	return stdout.Bytes(), nil
+}
+
+// Init makes Dir a repository with the exclude patterns of the checks.
+func (g Git) Init(ctx context.Context) error {
+	if _, err := g.Run(ctx, "init", "-q"); err != nil {
+		return err
+	}
+	exclude := filepath.Join(g.Dir, ".git", "info", "exclude")
+	if err := os.MkdirAll(filepath.Dir(exclude), 0o755); err != nil {
+		return fmt.Errorf("git init: %w", err)
+	}
+	if err := os.WriteFile(exclude, []byte(excludePatterns), 0o644); err != nil {
+		return fmt.Errorf("git init: write exclude patterns: %w", err)
+	}
+	return nil
+}
+
+// CommitAll stages everything in the work tree (with force, every file even
+// if ignored) and commits it, even when nothing changed, returning the
+// commit's hash.
+func (g Git) CommitAll(ctx context.Context, message string, force bool) (string, error) {
+	add := []string{"add", "-A"}
+	if force {
+		add = append(add, "-f")
+	}
+	if _, err := g.Run(ctx, add...); err != nil {
+		return "", err
+	}
+	if _, err := g.Run(ctx, "commit", "-q", "--allow-empty", "--no-verify", "-m", message); err != nil {
+		return "", err
+	}
+	out, err := g.Run(ctx, "rev-parse", "--verify", "HEAD^{commit}")
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Diff returns the binary-safe patch from base to head.
+func (g Git) Diff(ctx context.Context, base, head string) ([]byte, error) {
+	return g.Run(ctx, "diff", "--binary", "--no-ext-diff", "--no-textconv", "--no-color", "--no-renames", base, head, "--")
+}
+
+// ChangedFiles returns the paths that differ between base and head,
+// sorted, renames listed as a deletion and an addition.
+func (g Git) ChangedFiles(ctx context.Context, base, head string) ([]string, error) {
+	out, err := g.Run(ctx, "diff", "--name-only", "-z", "--no-renames", base, head, "--")
+	if err != nil {
+		return nil, err
+	}
+	files := []string{}
+	for p := range strings.SplitSeq(string(out), "\x00") {
+		if p != "" {
+			files = append(files, p)
+		}
+	}
+	return files, nil
+}
+
+// BuildRepo creates the repository dir from the uploaded files and commits
+// them as the base, returning its hash. Every path is checked again with
+// belay.CheckPath (the spec is input, even from the control plane), and the
+// files are written through the same no-symlink opens as the tools' writes.
+// dir must not exist or be empty.
+func BuildRepo(ctx context.Context, g Git, files []belay.File) (string, error) {
+	if len(files) == 0 {
+		return "", errors.New("build repository: the spec has no files")
+	}
+	if err := os.Mkdir(g.Dir, 0o755); err != nil {
+		if !errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("build repository: %w", err)
+		}
+		entries, rerr := os.ReadDir(g.Dir)
+		if rerr != nil || len(entries) > 0 {
+			return "", fmt.Errorf("build repository: %s exists and is not an empty directory", g.Dir)
+		}
+	}
+	fsys, err := openRepoFS(g.Dir)
+	if err != nil {
+		return "", fmt.Errorf("build repository: %w", err)
+	}
+	defer fsys.Close()
+	seen := make(map[string]bool, len(files))
+	for i, f := range files {
+		if err := belay.CheckPath(f.Path); err != nil {
+			return "", fmt.Errorf("build repository: files[%d]: %w", i, err)
+		}
+		if seen[f.Path] {
+			return "", fmt.Errorf("build repository: files[%d]: path %q appears twice", i, f.Path)
+		}
+		seen[f.Path] = true
+		if err := fsys.writeFile(f.Path, []byte(f.Content)); err != nil {
+			return "", fmt.Errorf("build repository: files[%d]: %w", i, err)
+		}
+	}
+	if err := g.Init(ctx); err != nil {
+		return "", fmt.Errorf("build repository: %w", err)
+	}
+	base, err := g.CommitAll(ctx, "belay: base", true)
+	if err != nil {
+		return "", fmt.Errorf("build repository: commit base: %w", err)
+	}
+	return base, nil
+}

@@ -1,0 +1,110 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	"github.com/belay-dev/belay/internal/belay"
+)
+
+// Workspace is the sandbox's folder, laid out by the launcher (DESIGN.md;
+// see the Workspace methods for the names).
+type Workspace string
+
+// SpecPath is spec.json: the run's belay.SandboxSpec, without secrets.
+func (w Workspace) SpecPath() string { return filepath.Join(string(w), "spec.json") }
+
+// TokensDir holds model.token, events.token and approvals.token.
+func (w Workspace) TokensDir() string { return filepath.Join(string(w), "tokens") }
+
+// RepoDir is the repository the entry builds from the spec's files.
+func (w Workspace) RepoDir() string { return filepath.Join(string(w), "repo") }
+
+// OutDir receives result.json, patch.diff and transcript.jsonl.
+func (w Workspace) OutDir() string { return filepath.Join(string(w), "out") }
+
+// HomeDir is HOME for git, checks and shell commands.
+func (w Workspace) HomeDir() string { return filepath.Join(string(w), "home") }
+
+// The token files in TokensDir, one per audience.
+const (
+	ModelTokenFile     = "model.token"
+	EventsTokenFile    = "events.token"
+	ApprovalsTokenFile = "approvals.token"
+)
+
+// MaxSpecBytes caps spec.json: a run's tree is at most 512 KiB by default,
+// and JSON escaping can grow it several times over.
+const MaxSpecBytes = 8 << 20
+
+// ReadSpec reads and checks spec.json. The entry does not take the spec on
+// trust: every field it relies on is checked here, and every file path is
+// checked again when the repository is built.
+func ReadSpec(path string) (belay.SandboxSpec, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return belay.SandboxSpec{}, fmt.Errorf("read spec: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxSpecBytes+1))
+	if err != nil {
+		return belay.SandboxSpec{}, fmt.Errorf("read spec %s: %w", path, err)
+	}
+	if len(b) > MaxSpecBytes {
+		return belay.SandboxSpec{}, fmt.Errorf("read spec %s: larger than %d bytes", path, MaxSpecBytes)
+	}
+	var spec belay.SandboxSpec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return belay.SandboxSpec{}, fmt.Errorf("read spec %s: %w", path, err)
+	}
+	if err := checkSpec(spec); err != nil {
+		return belay.SandboxSpec{}, fmt.Errorf("read spec %s: %w", path, err)
+	}
+	return spec, nil
+}
+
+func checkSpec(s belay.SandboxSpec) error {
+	switch {
+	case s.RunID == "":
+		return errors.New("runId is empty")
+	case s.Model == "":
+		return errors.New("model is empty")
+	case s.Instruction == "":
+		return errors.New("instruction is empty")
+	case len(s.Files) == 0:
+		return errors.New("files is empty")
+	case len(s.AllowedPaths) == 0:
+		return errors.New("allowedPaths is empty")
+	case len(s.Checks) == 0:
+		return errors.New("checks is empty")
+	case s.MaxSteps < 1:
+		return fmt.Errorf("maxSteps is %d; it must be at least 1", s.MaxSteps)
+	case s.WallTimeSeconds < 1:
+		return fmt.Errorf("wallTimeSeconds is %d; it must be at least 1", s.WallTimeSeconds)
+	}
+	for i, c := range s.Checks {
+		if len(c) == 0 || c[0] == "" {
+			return fmt.Errorf("checks[%d] is an empty argv", i)
+		}
+	}
+	for i, f := range s.Files {
+		if err := belay.CheckPath(f.Path); err != nil {
+			return fmt.Errorf("files[%d].path: %w", i, err)
+		}
+	}
+	u, err := url.Parse(s.APIBaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("apiBaseUrl %q is not an http(s) URL without query or fragment", s.APIBaseURL)
+	}
+	if u.Scheme == "http" && s.APISocket == "" && !isLoopbackHost(u.Hostname()) {
+		// Tokens travel in its headers: plain HTTP only over the local
+		// socket or loopback.
+		return fmt.Errorf("apiBaseUrl %q is plain http to a remote host; use https, or apiSocket", s.APIBaseURL)
+	}
+	return nil
+}

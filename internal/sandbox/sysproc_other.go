@@ -1,0 +1,17 @@
+//go:build !linux
+
+package sandbox
+
+import "syscall"
+
+// childSysProcAttr puts a child in its own process group, so a timeout can
+// kill everything it started.
+func childSysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+
+// lockThreadForChild does nothing off Linux: there is no per-thread
+// attribute to protect.
+func lockThreadForChild() {}
+
+// setThreadNoNewPrivs does nothing off Linux, which has no such flag; Harden
+// refuses to run there.
+func setThreadNoNewPrivs() error { return nil }
