@@ -64,6 +64,10 @@ func (r *repoFS) openDir(rel string, create bool) (int, string, error) {
 				next, err = unix.Openat(fd, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			}
 		}
+		if errors.Is(err, unix.ENOTDIR) && isSymlinkAt(fd, p) {
+			// With O_DIRECTORY, Linux reports a symbolic link as ENOTDIR.
+			err = unix.ELOOP
+		}
 		if err != nil {
 			unix.Close(fd)
 			return -1, "", componentError(rel, sofar, err, true)
@@ -72,6 +76,11 @@ func (r *repoFS) openDir(rel string, create bool) (int, string, error) {
 		fd = next
 	}
 	return fd, parts[len(parts)-1], nil
+}
+
+func isSymlinkAt(dirfd int, name string) bool {
+	var st unix.Stat_t
+	return unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && uint32(st.Mode)&unix.S_IFMT == unix.S_IFLNK
 }
 
 // componentError turns an openat failure on one component into a refusal a
