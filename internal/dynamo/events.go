@@ -2,6 +2,9 @@ package dynamo
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -17,81 +20,106 @@ const (
 	maxEventLimit     = 1000
 )
 
-// batchReplay carries an earlier batch's sequence range out of writeRun.
+// batchReplay is the sequence range an earlier batch got.
 type batchReplay struct{ first, count int64 }
-
-func (batchReplay) Error() string { return "batch already appended" }
 
 // AppendEvents appends events in one transaction with the META update that
 // advances lastSeq (conditioned on the run being non-terminal and on the
 // lastSeq it read), the buffer trim, and, for a non-empty batchID, a BATCH#
 // item conditioned on being absent. A repeated batch finds that item and
-// answers with the events it recorded; its ClientRequestToken is derived
-// from the run, the batch and the lastSeq it was planned on, so a copy sent
-// concurrently with the same state is answered by DynamoDB without a second
-// write. Returns not_found if the run does not exist; conflict if it is
-// terminal.
+// answers with the events it recorded. The ClientRequestToken of a batch is
+// derived from the table, the run, the batch, its events and the lastSeq it
+// was planned on, so a copy sent concurrently against the same state is
+// answered by DynamoDB without a second write. Returns not_found if the run
+// does not exist; conflict if it is terminal.
 func (s *Store) AppendEvents(ctx context.Context, runID, batchID string, events []belay.EventInput) ([]belay.Event, error) {
-	var replay *batchReplay
-	w, err := s.writeRun(ctx, runID, func(cur *runMeta) (*runChange, error) {
-		switch {
-		case cur == nil:
-			return nil, belay.Errorf(belay.CodeNotFound, "run %s not found", runID)
-		case cur.terminal():
+	digest := eventsDigest(events)
+	for _, useToken := range []bool{true, false} {
+		var replay *batchReplay
+		w, err := s.writeRun(ctx, runID, func(cur *runMeta) (*runChange, error) {
+			switch {
+			case cur == nil:
+				return nil, belay.Errorf(belay.CodeNotFound, "run %s not found", runID)
+			case cur.terminal():
+				if batchID != "" {
+					// A batch repeated after the run ended still gets its answer.
+					r, err := s.readBatch(ctx, runID, batchID)
+					if err != nil {
+						return nil, err
+					}
+					if r != nil {
+						replay = r
+						return nil, errNoChange
+					}
+				}
+				return nil, belay.Errorf(belay.CodeConflict, "run %s is %s; its log has ended", runID, cur.run.Status)
+			case len(events) == 0 && batchID == "":
+				return nil, errNoChange
+			}
+			ch := &runChange{
+				cond:   "NOT #status IN (:completed, :failed, :cancelled)",
+				values: terminalValues(),
+				events: events,
+			}
 			if batchID != "" {
-				// A batch repeated after the run ended still gets its answer.
-				r, err := s.readBatch(ctx, runID, batchID)
-				if err != nil {
-					return nil, err
-				}
-				if r != nil {
+				b := keyOf(runPK(runID), batchSK(batchID))
+				b["firstSeq"] = avN(cur.run.LastSeq + 1)
+				b["count"] = avN(int64(len(events)))
+				b[attrTTL] = avN(cur.ttl)
+				ch.extra = []types.TransactWriteItem{{Put: &types.Put{
+					TableName:                           s.table,
+					Item:                                b,
+					ConditionExpression:                 aws.String("attribute_not_exists(#PK)"),
+					ExpressionAttributeNames:            exprNames("#PK"),
+					ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+				}}}
+				ch.extraFailed = func(_ int, old item) error {
+					r, err := decodeBatch(old)
+					if err != nil {
+						return err
+					}
 					replay = r
-					return nil, errNoChange
+					return errNoChange
+				}
+				if useToken {
+					ch.token = requestToken("append", *s.table, runID, batchID, fmt.Sprint(cur.run.LastSeq), digest)
 				}
 			}
-			return nil, belay.Errorf(belay.CodeConflict, "run %s is %s; its log has ended", runID, cur.run.Status)
-		case len(events) == 0 && batchID == "":
-			return nil, errNoChange
-		}
-		ch := &runChange{
-			cond:   "NOT #status IN (:completed, :failed, :cancelled)",
-			values: terminalValues(),
-			events: events,
-		}
-		if batchID != "" {
-			b := keyOf(runPK(runID), batchSK(batchID))
-			b["firstSeq"] = avN(cur.run.LastSeq + 1)
-			b["count"] = avN(int64(len(events)))
-			b[attrTTL] = avN(cur.ttl)
-			ch.extra = []types.TransactWriteItem{{Put: &types.Put{
-				TableName:                           s.table,
-				Item:                                b,
-				ConditionExpression:                 aws.String("attribute_not_exists(#PK)"),
-				ExpressionAttributeNames:            exprNames("#PK"),
-				ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-			}}}
-			ch.extraFailed = func(_ int, old item) error {
-				r, err := decodeBatch(old)
-				if err != nil {
-					return err
-				}
-				replay = r
-				return errNoChange
-			}
-			ch.token = requestToken("append", runID, batchID, fmt.Sprint(cur.run.LastSeq))
-		}
-		return ch, nil
-	})
-	if replay != nil {
-		return s.batchEvents(ctx, runID, *replay)
-	}
-	if err != nil {
-		if err == errNoChange {
+			return ch, nil
+		})
+		switch {
+		case replay != nil:
+			return s.batchEvents(ctx, runID, *replay)
+		case errors.Is(err, errNoChange):
 			return []belay.Event{}, nil
+		case isAPICode(err, "IdempotentParameterMismatchException") && useToken:
+			// Only a digest collision gets here: an earlier write under this
+			// token had other parameters. The BATCH item tells whether it was
+			// this batch; if not, write again under a token of the SDK's.
+			r, err := s.readBatch(ctx, runID, batchID)
+			if err != nil {
+				return nil, err
+			}
+			if r != nil {
+				return s.batchEvents(ctx, runID, *r)
+			}
+			continue
+		case err != nil:
+			return nil, err
 		}
-		return nil, err
+		return w.events, nil
 	}
-	return w.events, nil
+	return nil, fmt.Errorf("append events to run %s: request token mismatch", runID)
+}
+
+// eventsDigest identifies a batch's content, so that the request token of
+// a batch differs when its events do.
+func eventsDigest(events []belay.EventInput) string {
+	h := sha256.New()
+	for _, e := range events {
+		fmt.Fprintf(h, "%s\x00%d\x00%s\x00%d\x00", e.Type, e.Time.UnixNano(), e.Data, len(e.Data))
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // terminalValues are the values of the "not terminal" condition.

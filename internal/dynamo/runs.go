@@ -287,7 +287,6 @@ func decodeCursor(s string) (listCursor, error) {
 // withRequests completes listed runs with their requests, read in batches
 // (requests never change, so the batch reads need not be consistent).
 func (s *Store) withRequests(ctx context.Context, metas []*runMeta) ([]belay.Run, error) {
-	type ref struct{ run, chunk int }
 	var keys []item
 	for _, m := range metas {
 		for c := range m.reqChunks {
