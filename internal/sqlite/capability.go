@@ -1,0 +1,137 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
+)
+
+// ActivateCapability stores c as the run's active capability with nothing
+// spent. Returns invalid for a capability without model, expiry or budget;
+// not_found if the run does not exist; conflict if the run already has a
+// capability, active or revoked.
+func (s *Store) ActivateCapability(ctx context.Context, c belay.Capability) error {
+	switch {
+	case c.RunID == "":
+		return belay.FieldErrorf(belay.CodeInvalid, "runId", "is empty")
+	case c.Model == "":
+		return belay.FieldErrorf(belay.CodeInvalid, "model", "is empty")
+	case c.ExpiresAt.IsZero():
+		return belay.FieldErrorf(belay.CodeInvalid, "expiresAt", "is unset")
+	case c.MaxRequests < 1:
+		return belay.FieldErrorf(belay.CodeInvalid, "maxRequests", "must be at least 1, not %d", c.MaxRequests)
+	}
+	if err := checkTimes("expiresAt", c.ExpiresAt); err != nil {
+		return err
+	}
+	err := s.update(ctx, func(tx *sql.Tx) error {
+		if _, err := loadRunStatus(ctx, tx, c.RunID); err != nil {
+			return err
+		}
+		var state string
+		switch err := tx.QueryRowContext(ctx, "SELECT state FROM capabilities WHERE run_id = ?", c.RunID).Scan(&state); {
+		case err == nil:
+			return belay.Errorf(belay.CodeConflict, "run %s already has a capability (%s)", c.RunID, state)
+		case !errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("read capability: %w", err)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO capabilities (run_id, model, state, expires_at, max_requests, used_requests)
+			VALUES (?, ?, ?, ?, ?, 0)`, c.RunID, c.Model, string(belay.CapabilityActive), nanos(c.ExpiresAt), c.MaxRequests)
+		if err != nil {
+			return fmt.Errorf("insert capability: %w", err)
+		}
+		return nil
+	})
+	return wrap("activate capability of run "+c.RunID, err)
+}
+
+// ConsumeModelRequest spends one request of the run's capability. The
+// checks run in the order a caller's answer depends on: inactive (missing,
+// revoked, other model), then expired, then exhausted; only ok spends.
+func (s *Store) ConsumeModelRequest(ctx context.Context, runID, model string, now time.Time) (belay.ConsumeResult, error) {
+	var res belay.ConsumeResult
+	err := s.update(ctx, func(tx *sql.Tx) error {
+		c, err := loadCapability(ctx, tx, runID)
+		switch {
+		case belay.IsCode(err, belay.CodeNotFound):
+			res = belay.ConsumeResult{Outcome: belay.ConsumeInactive}
+			return nil
+		case err != nil:
+			return err
+		case c.State != belay.CapabilityActive || c.Model != model:
+			res = belay.ConsumeResult{Outcome: belay.ConsumeInactive}
+			return nil
+		case !now.Before(c.ExpiresAt):
+			res = belay.ConsumeResult{Outcome: belay.ConsumeExpired, Remaining: max(c.MaxRequests-c.UsedRequests, 0)}
+			return nil
+		case c.UsedRequests >= c.MaxRequests:
+			res = belay.ConsumeResult{Outcome: belay.ConsumeExhausted}
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE capabilities SET used_requests = used_requests + 1 WHERE run_id = ?", runID); err != nil {
+			return fmt.Errorf("spend request: %w", err)
+		}
+		res = belay.ConsumeResult{Outcome: belay.ConsumeOK, Remaining: c.MaxRequests - c.UsedRequests - 1}
+		return nil
+	})
+	if err != nil {
+		return belay.ConsumeResult{}, wrap("consume model request of run "+runID, err)
+	}
+	return res, nil
+}
+
+// RevokeCapability ends the run's capability for good. It is idempotent
+// and succeeds when the run has none.
+func (s *Store) RevokeCapability(ctx context.Context, runID string) error {
+	err := s.update(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "UPDATE capabilities SET state = ? WHERE run_id = ?", string(belay.CapabilityRevoked), runID)
+		return err
+	})
+	return wrap("revoke capability of run "+runID, err)
+}
+
+// GetCapability returns the run's capability. Returns not_found if it has
+// none.
+func (s *Store) GetCapability(ctx context.Context, runID string) (belay.Capability, error) {
+	c, err := loadCapability(ctx, s.reader, runID)
+	return c, wrap("get capability of run "+runID, err)
+}
+
+// loadCapability reads the run's capability. Returns not_found if it has
+// none.
+func loadCapability(ctx context.Context, q querier, runID string) (belay.Capability, error) {
+	var (
+		c       belay.Capability
+		state   string
+		expires sql.NullInt64
+	)
+	err := q.QueryRowContext(ctx, "SELECT run_id, model, state, expires_at, max_requests, used_requests FROM capabilities WHERE run_id = ?", runID).
+		Scan(&c.RunID, &c.Model, &state, &expires, &c.MaxRequests, &c.UsedRequests)
+	if errors.Is(err, sql.ErrNoRows) {
+		return belay.Capability{}, belay.Errorf(belay.CodeNotFound, "run %s has no capability", runID)
+	}
+	if err != nil {
+		return belay.Capability{}, fmt.Errorf("read capability: %w", err)
+	}
+	c.State = belay.CapabilityState(state)
+	c.ExpiresAt = fromNanos(expires)
+	return c, nil
+}
+
+// loadRunStatus returns the run's status. Returns not_found if the run
+// does not exist.
+func loadRunStatus(ctx context.Context, q querier, runID string) (belay.RunStatus, error) {
+	var status string
+	err := q.QueryRowContext(ctx, "SELECT status FROM runs WHERE id = ?", runID).Scan(&status)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", belay.Errorf(belay.CodeNotFound, "run %s not found", runID)
+	}
+	if err != nil {
+		return "", fmt.Errorf("read run: %w", err)
+	}
+	return belay.RunStatus(status), nil
+}
