@@ -71,6 +71,15 @@ const (
 	indexRunsByStatus = "GSI2"
 )
 
+// listProjection is what the listing indexes hold besides keys: only the
+// request's chunk count, which never changes. Updates of lastSeq, usage and
+// outcome therefore never write to an index (with ALL, every event append
+// would also write the hot "RUNS" index partition).
+var listProjection = &types.Projection{
+	ProjectionType:   types.ProjectionTypeInclude,
+	NonKeyAttributes: []string{"reqChunks"},
+}
+
 // CreateTable creates the store's table (on-demand billing, the two listing
 // indexes, TTL on the "ttl" attribute) and waits until it is active. It is
 // for tests and for `belay serve --store dynamodb`; on AWS the CDK stack
@@ -95,12 +104,12 @@ func CreateTable(ctx context.Context, client *dynamodb.Client, table string) err
 			{
 				IndexName:  aws.String(indexAllRuns),
 				KeySchema:  []types.KeySchemaElement{key(attrGSI1PK, types.KeyTypeHash), key(attrGSI1SK, types.KeyTypeRange)},
-				Projection: &types.Projection{ProjectionType: types.ProjectionTypeAll},
+				Projection: listProjection,
 			},
 			{
 				IndexName:  aws.String(indexRunsByStatus),
 				KeySchema:  []types.KeySchemaElement{key(attrGSI2PK, types.KeyTypeHash), key(attrGSI1SK, types.KeyTypeRange)},
-				Projection: &types.Projection{ProjectionType: types.ProjectionTypeAll},
+				Projection: listProjection,
 			},
 		},
 	})

@@ -180,11 +180,15 @@ type listCursor struct {
 }
 
 // ListRuns reads the listing index newest first: all runs (GSI1) or the runs
-// of one status (GSI2). Index reads are eventually consistent, so a run
-// created or moved a moment ago may be missing or listed under its former
-// status for a moment. Each page reads one row more than it returns, so
-// NextCursor is empty exactly on the last page. Returns invalid for a cursor
-// it did not issue or issued for another status filter.
+// of one status (GSI2). The indexes hold only keys and the request's chunk
+// count, so the META updates of event appends and usage never write to them;
+// each page then reads its runs' META and request items in one batch. Index
+// reads are eventually consistent: a run created a moment ago may be missing
+// for a moment, and a run whose status just changed is skipped by the
+// filter it no longer matches (its META, read after, is the truth). Each
+// page looks for one run more than it returns, so NextCursor is empty exactly
+// on the last page. Returns invalid for a cursor it did not issue or issued
+// for another status filter.
 func (s *Store) ListRuns(ctx context.Context, q belay.ListRunsQuery) (belay.RunPage, error) {
 	if q.Status != "" && !q.Status.Valid() {
 		return belay.RunPage{}, belay.FieldErrorf(belay.CodeInvalid, "status", "unknown status %q", q.Status)
@@ -195,22 +199,17 @@ func (s *Store) ListRuns(ctx context.Context, q belay.ListRunsQuery) (belay.RunP
 	}
 	limit = min(limit, maxListLimit)
 
-	in := &dynamodb.QueryInput{
-		TableName:        s.table,
-		IndexName:        aws.String(indexAllRuns),
-		ScanIndexForward: aws.Bool(false),
-	}
-	partition := map[string]types.AttributeValue{attrGSI1PK: avS(gsi1AllRuns)}
-	in.KeyConditionExpression = aws.String("#GSI1PK = :p")
-	in.ExpressionAttributeNames = exprNames("#GSI1PK")
+	index, partitionAttr, partition := indexAllRuns, attrGSI1PK, gsi1AllRuns
 	if q.Status != "" {
-		in.IndexName = aws.String(indexRunsByStatus)
-		in.KeyConditionExpression = aws.String("#GSI2PK = :p")
-		in.ExpressionAttributeNames = exprNames("#GSI2PK")
-		partition = map[string]types.AttributeValue{attrGSI2PK: avS(statusPK(q.Status))}
+		index, partitionAttr, partition = indexRunsByStatus, attrGSI2PK, statusPK(q.Status)
 	}
-	for _, v := range partition {
-		in.ExpressionAttributeValues = map[string]types.AttributeValue{":p": v}
+	in := &dynamodb.QueryInput{
+		TableName:                 s.table,
+		IndexName:                 aws.String(index),
+		KeyConditionExpression:    aws.String("#" + partitionAttr + " = :p"),
+		ExpressionAttributeNames:  exprNames("#" + partitionAttr),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":p": avS(partition)},
+		ScanIndexForward:          aws.Bool(false),
 	}
 	if q.Cursor != "" {
 		c, err := decodeCursor(q.Cursor)
@@ -219,25 +218,25 @@ func (s *Store) ListRuns(ctx context.Context, q belay.ListRunsQuery) (belay.RunP
 		}
 		start := keyOf(runPK(c.RunID), skMeta)
 		start[attrGSI1SK] = avS(c.SortKey)
-		for k, v := range partition {
-			start[k] = v
-		}
+		start[partitionAttr] = avS(partition)
 		in.ExclusiveStartKey = start
 	}
 
-	var metas []*runMeta
-	for len(metas) <= limit {
-		in.Limit = aws.Int32(int32(limit + 1 - len(metas)))
+	var runs []belay.Run
+	for len(runs) <= limit {
+		in.Limit = aws.Int32(int32(limit + 1 - len(runs)))
 		out, err := s.client.Query(ctx, in)
 		if err != nil {
 			return belay.RunPage{}, fmt.Errorf("list runs: %w", err)
 		}
-		for _, it := range out.Items {
-			m, err := decodeMeta(it)
-			if err != nil {
-				return belay.RunPage{}, fmt.Errorf("list runs: %w", err)
+		found, err := s.readListed(ctx, out.Items)
+		if err != nil {
+			return belay.RunPage{}, fmt.Errorf("list runs: %w", err)
+		}
+		for _, r := range found {
+			if q.Status == "" || r.Status == q.Status {
+				runs = append(runs, r)
 			}
-			metas = append(metas, m)
 		}
 		if out.LastEvaluatedKey == nil {
 			break
@@ -246,16 +245,15 @@ func (s *Store) ListRuns(ctx context.Context, q belay.ListRunsQuery) (belay.RunP
 	}
 
 	var page belay.RunPage
-	if len(metas) > limit {
-		metas = metas[:limit]
-		last := metas[limit-1].run
+	if len(runs) > limit {
+		runs = runs[:limit]
+		last := runs[limit-1]
 		page.NextCursor = encodeCursor(listCursor{Version: 1, Status: string(q.Status), SortKey: listSK(last.CreatedAt, last.ID), RunID: last.ID})
 	}
-	runs, err := s.withRequests(ctx, metas)
-	if err != nil {
-		return belay.RunPage{}, fmt.Errorf("list runs: %w", err)
-	}
 	page.Runs = runs
+	if page.Runs == nil {
+		page.Runs = []belay.Run{}
+	}
 	return page, nil
 }
 
@@ -284,21 +282,65 @@ func decodeCursor(s string) (listCursor, error) {
 	return c, nil
 }
 
-// withRequests completes listed runs with their requests, read in batches
-// (requests never change, so the batch reads need not be consistent).
-func (s *Store) withRequests(ctx context.Context, metas []*runMeta) ([]belay.Run, error) {
+// readListed reads the META and request items of the runs that index
+// entries name, in one batch, strongly consistent, and returns the runs in
+// index order. A run deleted since (by TTL) is left out.
+func (s *Store) readListed(ctx context.Context, entries []item) ([]belay.Run, error) {
 	var keys []item
-	for _, m := range metas {
-		for c := range m.reqChunks {
-			keys = append(keys, keyOf(runPK(m.run.ID), requestSK(c)))
+	for _, e := range entries {
+		d := decoder{it: e}
+		pk, chunks := d.str(attrPK), int(d.num("reqChunks"))
+		if d.err != nil {
+			return nil, fmt.Errorf("index entry %s: %w", pk, d.err)
+		}
+		keys = append(keys, keyOf(pk, skMeta))
+		for c := range chunks {
+			keys = append(keys, keyOf(pk, requestSK(c)))
 		}
 	}
-	got := make(map[string][]byte, len(keys))
+	got, err := s.batchGet(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	var runs []belay.Run
+	for _, e := range entries {
+		pk := (&decoder{it: e}).str(attrPK)
+		m, err := decodeMeta(got[pk+"/"+skMeta])
+		if err != nil {
+			return nil, err
+		}
+		if m == nil {
+			continue
+		}
+		chunks := make([][]byte, m.reqChunks)
+		for c := range chunks {
+			it, ok := got[pk+"/"+requestSK(c)]
+			if !ok {
+				return nil, fmt.Errorf("run %s: request chunk %d missing", m.run.ID, c)
+			}
+			chunks[c] = (&decoder{it: it}).bytes("data")
+		}
+		if m.run.Request, err = decodeRequest(chunks); err != nil {
+			return nil, fmt.Errorf("run %s: %w", m.run.ID, err)
+		}
+		runs = append(runs, m.run)
+	}
+	return runs, nil
+}
+
+// batchGet reads items by key, strongly consistent, 100 keys a call (the
+// BatchGetItem limit), retrying what DynamoDB leaves unprocessed. The result
+// is keyed "PK/SK".
+func (s *Store) batchGet(ctx context.Context, keys []item) (map[string]item, error) {
+	got := make(map[string]item, len(keys))
 	for len(keys) > 0 {
-		n := min(len(keys), 100) // BatchGetItem's limit
-		pending := map[string]types.KeysAndAttributes{*s.table: {Keys: keys[:n]}}
+		n := min(len(keys), 100)
+		pending := map[string]types.KeysAndAttributes{*s.table: {Keys: keys[:n], ConsistentRead: aws.Bool(true)}}
 		keys = keys[n:]
 		for attempt := 0; len(pending) > 0; attempt++ {
+			if attempt == MaxAttempts {
+				return nil, errors.New("batch read: keys left unprocessed")
+			}
 			if attempt > 0 {
 				if err := sleep(ctx, backoff(attempt)); err != nil {
 					return nil, err
@@ -306,36 +348,16 @@ func (s *Store) withRequests(ctx context.Context, metas []*runMeta) ([]belay.Run
 			}
 			out, err := s.client.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: pending})
 			if err != nil {
-				return nil, fmt.Errorf("read requests: %w", err)
+				return nil, fmt.Errorf("batch read: %w", err)
 			}
 			for _, it := range out.Responses[*s.table] {
 				d := decoder{it: it}
-				got[d.str(attrPK)+"/"+d.str(attrSK)] = d.bytes("data")
+				got[d.str(attrPK)+"/"+d.str(attrSK)] = it
 			}
 			pending = out.UnprocessedKeys
-			if attempt == MaxAttempts {
-				return nil, errors.New("read requests: keys left unprocessed")
-			}
 		}
 	}
-	runs := make([]belay.Run, len(metas))
-	for i, m := range metas {
-		chunks := make([][]byte, m.reqChunks)
-		for c := range chunks {
-			b, ok := got[runPK(m.run.ID)+"/"+requestSK(c)]
-			if !ok {
-				return nil, fmt.Errorf("run %s: request chunk %d missing", m.run.ID, c)
-			}
-			chunks[c] = b
-		}
-		req, err := decodeRequest(chunks)
-		if err != nil {
-			return nil, fmt.Errorf("run %s: %w", m.run.ID, err)
-		}
-		runs[i] = m.run
-		runs[i].Request = req
-	}
-	return runs, nil
+	return got, nil
 }
 
 // Transition moves the run to t.To, recording the outcome and appending
