@@ -124,7 +124,11 @@ type runChange struct {
 	// item as it was (nil if absent).
 	extraFailed func(i int, old item) error
 	// token, when set, is the transaction's ClientRequestToken; otherwise
-	// the SDK makes one per call (and keeps it across its own retries).
+	// the SDK makes one per call and keeps it across its own retries, which
+	// makes a retry after a lost response idempotent. Only writes that are
+	// idempotent by contract (a batch) derive one from their content: two
+	// concurrent identical transitions under one derived token would both
+	// be told they succeeded, where exactly one must get conflict.
 	token string
 }
 
