@@ -241,4 +241,3 @@ func isConflict(err error) bool {
 	var e *belay.Error
 	return errors.As(err, &e) && e.Code == belay.CodeConflict
 }
-
