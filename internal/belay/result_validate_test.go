@@ -415,3 +415,32 @@ func TestValidateResultRealGit(t *testing.T) {
 		t.Errorf("ValidateResult without the rename source = %v, want a message with %s", err, want)
 	}
 }
+
+// FuzzValidateResult feeds hostile patches and bundles to the validator:
+// it must never panic, and whatever it accepts must keep every changed
+// file clean and inside allowedPaths.
+func FuzzValidateResult(f *testing.F) {
+	raw, err := json.Marshal(goodBundle())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(raw, []byte(goodPatch))
+	f.Add(raw, []byte("diff --git \"a/pkg/caf\\303\\251.py\" b/pkg/x.py\nrename from pkg/a.py\nrename to pkg/b.py\n"))
+	f.Add(raw, []byte("diff --git a/calc.py b/calc.py\nGIT binary patch\nliteral 3\nKcmV+b0000001\n\n"))
+	f.Add([]byte(`{"version":1,"runId":"x","checks":[{"argv":["a"]}],"usage":{}}`), []byte("@@ -1 +1 @@\n"))
+	req := resultRequest()
+	f.Fuzz(func(t *testing.T, result, patch []byte) {
+		b, err := belay.ValidateResult(resultRunID, req, map[string][]byte{"result.json": result, "patch.diff": patch})
+		if err != nil {
+			if belay.ErrorCode(err) != belay.CodeInvalid {
+				t.Fatalf("code %q, want invalid: %v", belay.ErrorCode(err), err)
+			}
+			return
+		}
+		for _, p := range b.ChangedFiles {
+			if belay.CheckPath(p) != nil || !belay.PathAllowed(req.AllowedPaths, p) {
+				t.Fatalf("accepted changed file %q", p)
+			}
+		}
+	})
+}

@@ -415,6 +415,11 @@ func (o *Orchestrator) fly(f *flight) {
 		return
 	}
 
+	if cause := interruption(ctx); cause != nil {
+		// Cancelled or shut down while activating: launch nothing.
+		o.finish(store, log, run, Validate(run, belay.SandboxExit{}, cause))
+		return
+	}
 	sb, err := o.Launch(ctx, run, tokens)
 	f.mu.Lock()
 	sandbox, f.sandbox = sb, sb
