@@ -92,6 +92,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"no orchestrator":    func(c *httpapi.Config) { c.Orchestrator = nil },
 		"no signer":          func(c *httpapi.Config) { c.Signer = nil },
 		"no model":           func(c *httpapi.Config) { c.Limits.Model = "" },
+		"no body limit":      func(c *httpapi.Config) { c.Limits.MaxBodyBytes = 0 },
 		"no control token":   func(c *httpapi.Config) { c.ControlTokens = nil },
 		"short control tok":  func(c *httpapi.Config) { c.ControlTokens = []string{"short"} },
 		"no key source":      func(c *httpapi.Config) { c.Upstream.Key = nil },

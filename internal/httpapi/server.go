@@ -39,8 +39,8 @@ type Config struct {
 	// Signer verifies the sandbox's run tokens on the internal routes.
 	Signer *token.Signer
 	Limits belay.Limits
-	// ControlTokens are the accepted control-plane bearer tokens; more than
-	// one lets an operator rotate without downtime.
+	// ControlTokens are the accepted control-plane bearer tokens, each at
+	// least 16 bytes; more than one lets an operator rotate without downtime.
 	ControlTokens []string
 	Upstream      Upstream
 	// Logger receives one line per request at debug level and every
@@ -50,6 +50,7 @@ type Config struct {
 	// timeouts. Nil means time.Now.
 	Now func() time.Time
 	// Entropy feeds run, approval and request ids. Nil means crypto/rand.
+	// A read error means a broken machine, and the handler panics.
 	Entropy io.Reader
 	// HeartbeatInterval is the longest an SSE stream stays silent; a
 	// comment line keeps proxies from closing it. Zero means 15 s.
@@ -120,6 +121,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("httpapi: Config.Signer is required")
 	case cfg.Limits.Model == "":
 		return nil, errors.New("httpapi: Config.Limits.Model is required")
+	case cfg.Limits.MaxBodyBytes <= 0:
+		return nil, errors.New("httpapi: Config.Limits.MaxBodyBytes must be positive (see belay.DefaultLimits)")
 	case len(cfg.ControlTokens) == 0:
 		return nil, errors.New("httpapi: at least one control-plane token is required")
 	case cfg.Upstream.Key == nil:
