@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -127,6 +128,53 @@ func (g Git) CommitAll(ctx context.Context, message string, force bool) (string,
 		return "", err
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// CommitAllowed commits the agent's changes as the head commit, keeping
+// only what the run may change: a changed path outside allowedPaths, or one
+// that is not a regular file (a symbolic link, a submodule), is left out of
+// the commit and returned in discarded. Only an approved shell command or a
+// check can make such a change, since the tools refuse them; the sandbox
+// holds the run's limits either way, and the control plane checks again.
+func (g Git) CommitAllowed(ctx context.Context, base string, allowedPaths []string, message string) (head string, discarded []string, err error) {
+	if _, err := g.Run(ctx, "add", "-A"); err != nil {
+		return "", nil, err
+	}
+	raw, err := g.Run(ctx, "diff", "--cached", "--raw", "-z", "--no-renames", "--no-ext-diff", base, "--")
+	if err != nil {
+		return "", nil, err
+	}
+	fields := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+	for i := 0; i+1 < len(fields); i += 2 {
+		// ":oldmode newmode oldsha newsha status", then the path.
+		meta, p := strings.Fields(fields[i]), fields[i+1]
+		if len(meta) < 2 {
+			return "", nil, fmt.Errorf("git diff --raw: unexpected entry %q", truncate(fields[i], 100))
+		}
+		newMode := meta[1]
+		allowed := belay.CheckPath(p) == nil && belay.PathAllowed(allowedPaths, p)
+		regular := newMode == "100644" || newMode == "100755" || newMode == "000000"
+		if !allowed || !regular {
+			discarded = append(discarded, p)
+		}
+	}
+	for chunk := range slices.Chunk(discarded, 100) {
+		args := []string{"reset", "-q", base, "--"}
+		for _, p := range chunk {
+			args = append(args, ":(literal)"+p)
+		}
+		if _, err := g.Run(ctx, args...); err != nil {
+			return "", nil, err
+		}
+	}
+	if _, err := g.Run(ctx, "commit", "-q", "--allow-empty", "--no-verify", "-m", message); err != nil {
+		return "", nil, err
+	}
+	out, err := g.Run(ctx, "rev-parse", "--verify", "HEAD^{commit}")
+	if err != nil {
+		return "", nil, err
+	}
+	return strings.TrimSpace(string(out)), discarded, nil
 }
 
 // Diff returns the binary-safe patch from base to head.

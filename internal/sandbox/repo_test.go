@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -143,5 +144,51 @@ func TestEntryGitIgnoresHooksAndConfigInTheRepository(t *testing.T) {
 	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("a hook or fsmonitor command from the repository ran")
+	}
+}
+
+func TestCommitAllowedKeepsOnlyAllowedRegularFiles(t *testing.T) {
+	w := newWorkspace(t, testFiles)
+	ctx := context.Background()
+	// What an approved shell command could do besides the tools' writes.
+	mustDo(t, os.WriteFile(filepath.Join(w.repo, "calc.py"), []byte("def add(a, b):\n    return a + b\n"), 0o644))
+	mustDo(t, os.WriteFile(filepath.Join(w.repo, "tests", "test_new.py"), []byte("x = 1\n"), 0o644))
+	mustDo(t, os.Chmod(filepath.Join(w.repo, "tests", "test_calc.py"), 0o755))
+	mustDo(t, os.WriteFile(filepath.Join(w.repo, "README.md"), []byte("rewritten\n"), 0o644))
+	mustDo(t, os.Remove(filepath.Join(w.repo, "docs", "guide.md")))
+	mustDo(t, os.Symlink("../calc.py", filepath.Join(w.repo, "tests", "link.py")))
+	mustDo(t, os.WriteFile(filepath.Join(w.repo, "stray.txt"), []byte("stray\n"), 0o644))
+
+	head, discarded, err := w.git.CommitAllowed(ctx, w.base, testAllowed, "belay: agent changes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"README.md", "docs/guide.md", "stray.txt", "tests/link.py"}; !slices.Equal(discarded, want) {
+		t.Errorf("discarded %q, want %q", discarded, want)
+	}
+	changed, err := w.git.ChangedFiles(ctx, w.base, head)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"calc.py", "tests/test_calc.py", "tests/test_new.py"}; !slices.Equal(changed, want) {
+		t.Errorf("changed %q, want %q", changed, want)
+	}
+	patch, err := w.git.Diff(ctx, w.base, head)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The control plane's own check of a result accepts this patch.
+	req := belay.RunRequest{AllowedPaths: testAllowed, Checks: [][]string{{"git", "diff", "--check"}}}
+	bundle := belay.ResultBundle{
+		Version: belay.ResultBundleVersion, RunID: "run_1", Status: belay.StatusCompleted,
+		ChangedFiles: changed, Checks: []belay.CheckResult{{Argv: req.Checks[0]}},
+		BaseCommit: w.base, HeadCommit: head,
+	}
+	result, err := json.Marshal(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := belay.ValidateResult("run_1", req, map[string][]byte{"result.json": result, "patch.diff": patch}); err != nil {
+		t.Errorf("ValidateResult refuses the head commit's patch: %v\n%s", err, patch)
 	}
 }
