@@ -53,6 +53,10 @@ var (
 	ErrShutdown  = errors.New("the control plane is shutting down")
 )
 
+// errNotStarted is a flight's own note that it was cancelled or shut down
+// before it activated its run.
+var errNotStarted = errors.New("run not started")
+
 // Defaults of Config.
 const (
 	DefaultTokenGrace = 30 * time.Second
@@ -385,20 +389,22 @@ func (o *Orchestrator) fly(f *flight) {
 
 	// Activate under f.mu, so that a concurrent Cancel revokes the
 	// capability after it exists rather than before.
-	f.mu.Lock()
-	if ctx.Err() != nil {
-		f.mu.Unlock()
-		if errors.Is(context.Cause(ctx), ErrShutdown) {
-			return // never started: it stays queued for Recover
+	activate := func() (belay.Run, belay.SandboxTokens, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if ctx.Err() != nil {
+			return belay.Run{}, belay.SandboxTokens{}, errNotStarted
 		}
-		o.cancelBeforeStart(store, log, f.id)
-		return
+		return o.Activate(store, f.id)
 	}
-	run, tokens, err := o.Activate(store, f.id)
-	f.mu.Unlock()
+	run, tokens, err := activate()
 	owned = run.Status == belay.StatusRunning
 	if err != nil {
 		switch {
+		case errors.Is(err, errNotStarted) && errors.Is(context.Cause(ctx), ErrShutdown):
+			// Never started: it stays queued for Recover.
+		case errors.Is(err, errNotStarted):
+			o.cancelBeforeStart(store, log, f.id)
 		case !owned && belay.IsCode(err, belay.CodeConflict):
 			log.Info("run not started: it is no longer queued", "err", err)
 		case !owned:
@@ -436,7 +442,8 @@ func (o *Orchestrator) fly(f *flight) {
 	}
 
 	exit, waitErr := o.Wait(ctx, run, sb)
-	if waitErr != nil && !isInterruption(waitErr) {
+	if waitErr != nil && waitErr != ErrTimeout && waitErr != ErrCancelled && waitErr != ErrShutdown {
+		// The sandbox could not be waited for or stopped cleanly.
 		log.Error("wait for sandbox", "err", redact(waitErr.Error(), tokens))
 	}
 	// The sandbox is gone: no model call from here on.
@@ -743,10 +750,6 @@ func interruption(ctx context.Context) error {
 		return nil
 	}
 	return context.Cause(ctx)
-}
-
-func isInterruption(err error) bool {
-	return errors.Is(err, ErrCancelled) || errors.Is(err, ErrShutdown) || errors.Is(err, ErrTimeout)
 }
 
 // redact replaces each of the run's tokens in s, so that an error or a panic
