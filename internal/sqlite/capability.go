@@ -49,33 +49,40 @@ func (s *Store) ActivateCapability(ctx context.Context, c belay.Capability) erro
 	return wrap("activate capability of run "+c.RunID, err)
 }
 
-// ConsumeModelRequest spends one request of the run's capability. The
-// checks run in the order a caller's answer depends on: inactive (missing,
-// revoked, other model), then expired, then exhausted; only ok spends.
+// ConsumeModelRequest spends one request of the run's capability. Like
+// the DynamoDB adapter's conditional update, it first tries the spend under
+// every condition at once (active, same model, not expired, budget left),
+// and only when that changes nothing reads the capability to say why, in
+// the order a caller's answer depends on: inactive (missing, revoked,
+// other model), then expired, then exhausted. Only ok spends.
 func (s *Store) ConsumeModelRequest(ctx context.Context, runID, model string, now time.Time) (belay.ConsumeResult, error) {
+	if err := checkTimes("now", now); err != nil {
+		return belay.ConsumeResult{}, err
+	}
 	var res belay.ConsumeResult
 	err := s.update(ctx, func(tx *sql.Tx) error {
+		var remaining int
+		err := tx.StmtContext(ctx, s.spend).QueryRowContext(ctx, runID, model, now.UnixNano()).Scan(&remaining)
+		if err == nil {
+			res = belay.ConsumeResult{Outcome: belay.ConsumeOK, Remaining: remaining}
+			return nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("spend request: %w", err)
+		}
 		c, err := loadCapability(ctx, tx, runID)
 		switch {
 		case belay.IsCode(err, belay.CodeNotFound):
 			res = belay.ConsumeResult{Outcome: belay.ConsumeInactive}
-			return nil
 		case err != nil:
 			return err
 		case c.State != belay.CapabilityActive || c.Model != model:
 			res = belay.ConsumeResult{Outcome: belay.ConsumeInactive}
-			return nil
 		case !now.Before(c.ExpiresAt):
 			res = belay.ConsumeResult{Outcome: belay.ConsumeExpired, Remaining: max(c.MaxRequests-c.UsedRequests, 0)}
-			return nil
-		case c.UsedRequests >= c.MaxRequests:
+		default:
 			res = belay.ConsumeResult{Outcome: belay.ConsumeExhausted}
-			return nil
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE capabilities SET used_requests = used_requests + 1 WHERE run_id = ?", runID); err != nil {
-			return fmt.Errorf("spend request: %w", err)
-		}
-		res = belay.ConsumeResult{Outcome: belay.ConsumeOK, Remaining: c.MaxRequests - c.UsedRequests - 1}
 		return nil
 	})
 	if err != nil {
@@ -83,6 +90,13 @@ func (s *Store) ConsumeModelRequest(ctx context.Context, runID, model string, no
 	}
 	return res, nil
 }
+
+// spendSQL spends one request when every condition of an ok consume holds,
+// and returns what is left; otherwise it changes nothing and returns no
+// row.
+const spendSQL = `UPDATE capabilities SET used_requests = used_requests + 1
+	WHERE run_id = ? AND state = 'active' AND model = ? AND expires_at > ? AND used_requests < max_requests
+	RETURNING max_requests - used_requests`
 
 // RevokeCapability ends the run's capability for good. It is idempotent
 // and succeeds when the run has none.

@@ -54,6 +54,7 @@ type Options struct {
 type Store struct {
 	writer     *sql.DB
 	reader     *sql.DB
+	spend      *sql.Stmt // prepared once: ConsumeModelRequest is the model proxy's hot path
 	bufferSize int
 	log        *slog.Logger
 }
@@ -104,6 +105,11 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
 
+	if s.spend, err = writer.PrepareContext(ctx, spendSQL); err != nil {
+		writer.Close()
+		return nil, fmt.Errorf("sqlite: open %s: prepare: %w", path, err)
+	}
+
 	reader, err := sql.Open("sqlite", dsn(path, true))
 	if err != nil {
 		writer.Close()
@@ -125,7 +131,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 // Close closes both connection pools. The database file stays, with
 // everything committed.
 func (s *Store) Close() error {
-	return errors.Join(s.reader.Close(), s.writer.Close())
+	return errors.Join(s.spend.Close(), s.reader.Close(), s.writer.Close())
 }
 
 // dsn is the driver's data source name for path. Every connection gets
