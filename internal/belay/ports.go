@@ -48,8 +48,9 @@ type RunStore interface {
 	// run does not exist; conflict if it is terminal.
 	AppendEvents(ctx context.Context, runID, batchID string, events []EventInput) ([]Event, error)
 
-	// ListEvents returns up to limit events with Seq > after, oldest first.
-	// Returns not_found if the run does not exist.
+	// ListEvents returns up to limit events with Seq > after, oldest first,
+	// and always reports OldestSeq as the oldest event still kept. Returns
+	// not_found if the run does not exist.
 	ListEvents(ctx context.Context, runID string, after int64, limit int) (EventPage, error)
 }
 
@@ -92,7 +93,8 @@ type ApprovalStore interface {
 	ListApprovals(ctx context.Context, runID string) ([]Approval, error)
 
 	// DecideApproval records the decision of a pending approval. Returns
-	// not_found if it does not exist; conflict if it is already decided.
+	// not_found if it does not exist; conflict if it is already decided or
+	// the run is terminal. Approval events carry the approvalId in their data.
 	DecideApproval(ctx context.Context, runID, id string, d Decision, reason, by string, at time.Time) (Approval, error)
 }
 
