@@ -1,0 +1,53 @@
+package localsandbox
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// Isolation modes for Config.Isolation.
+const (
+	// IsolationAuto applies everything the machine allows: uid drop and
+	// namespaces as root, an unprivileged user namespace otherwise.
+	IsolationAuto = "auto"
+	// IsolationNone runs the entry as the current user with no
+	// namespaces; it exists to test the behaviour of a machine where
+	// nothing else is available.
+	IsolationNone = "none"
+)
+
+// DefaultSandboxID is the uid and gid the sandbox runs as when belay runs
+// as root. It needs no passwd entry: nothing in the sandbox looks it up.
+const DefaultSandboxID = 10001
+
+// Config is what a Launcher needs.
+type Config struct {
+	// EntryPath is the sandbox entry binary (built from ./sandbox-task).
+	// As root it is copied once into WorkRoot/bin as a root-owned 0555
+	// file, so the sandbox user can run it but nobody but root can
+	// change it.
+	EntryPath string
+	// WorkRoot holds one workspace per sandbox, for example
+	// <data dir>/sandboxes. As root, it and every directory above it must
+	// be searchable by the sandbox uid, and WorkRoot must be owned by root
+	// and writable only by it; New creates it (mode 0711) when absent.
+	WorkRoot string
+	// Internal serves the control plane's internal routes; each sandbox
+	// reaches it only through the api.sock in its workspace.
+	Internal http.Handler
+	// UID and GID are the unprivileged user the sandbox runs as when belay
+	// runs as root; zero means DefaultSandboxID.
+	UID, GID int
+	// Isolation is IsolationAuto (the default when empty) or
+	// IsolationNone.
+	Isolation string
+	// Logger receives the isolation report and one line per sandbox
+	// lifecycle step, with run_id; never a token or file content.
+	Logger *slog.Logger
+	// Now is the clock for SandboxExit.Duration; nil means time.Now.
+	Now func() time.Time
+	// Rand is the entropy for workspace names; nil means crypto/rand.
+	Rand io.Reader
+}

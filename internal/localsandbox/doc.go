@@ -1,0 +1,22 @@
+// Package localsandbox runs a run's sandbox as a local subprocess: the
+// embedded twin of the Fargate launcher. It implements belay.Launcher and
+// belay.Sandbox.
+//
+// Each sandbox gets a fresh workspace under Config.WorkRoot laid out as the
+// sandbox entry expects (spec.json, tokens/, out/, home/, api.sock; see
+// DESIGN.md "Sandbox entry"), an HTTP server for the control plane's
+// internal routes on a Unix socket inside that workspace, and the entry
+// binary started with an empty environment, in its own process group, and
+// killed by the kernel if belay dies. Running as root it also drops to an
+// unprivileged uid with no supplementary groups and puts the entry in new
+// PID, mount, network, IPC and UTS namespaces: a new network namespace has
+// only a loopback interface that is down, so the sandbox has no network at
+// all and reaches the control plane only through the socket. Without root
+// it tries an unprivileged user namespace for the same effect and, when the
+// kernel refuses, runs the entry as the current user and says so plainly in
+// a log line and in Launcher.Isolation.
+//
+// Nothing the sandbox leaves behind is trusted: its output files are read
+// without following symbolic links, only as regular files owned by the
+// sandbox user, and each is capped at belay.MaxArtifactBytes.
+package localsandbox

@@ -1,0 +1,443 @@
+package localsandbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/localsandbox"
+)
+
+// TestLaunchIsolatesTheEntry runs the test entry under each isolation mode
+// and checks what it saw of its own process: who it runs as, its
+// environment, its token files, its network and its way to the control
+// plane. Isolation "none" is the fallback path and must show the opposite
+// where isolation is missing (it reaches the network, it runs as the
+// current user), which also proves those checks can fail.
+func TestLaunchIsolatesTheEntry(t *testing.T) {
+	tests := []struct {
+		isolation   string
+		wantUID     int
+		wantNetwork bool
+		wantPIDNS   bool
+		wantApplied string // a measure Isolation must list
+		wantMissing string // a measure the log must say was not applied
+	}{
+		{localsandbox.IsolationAuto, localsandbox.DefaultSandboxID, false, true, "network namespace", ""},
+		{localsandbox.IsolationNone, os.Getuid(), true, false, "empty environment", "network namespace"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.isolation, func(t *testing.T) {
+			if tt.isolation == localsandbox.IsolationAuto {
+				requireRoot(t)
+			}
+			api, seen := recordingAPI(t)
+			l, logs, _ := newLauncher(t, tt.isolation, api)
+			target := listenTCP(t)
+			spec := testSpec(t, "run_isolation", "report "+target.ln.Addr().String())
+			sb := launch(t, l, spec)
+			exit := wait(t, sb)
+			if exit.ExitCode != 0 || exit.Signaled {
+				t.Fatalf("entry exited %d (signaled %v); output: %q", exit.ExitCode, exit.Signaled, sb.OutputTail())
+			}
+			if exit.Duration != clockStep {
+				t.Errorf("Duration = %v, want %v (one clock step from start to exit)", exit.Duration, clockStep)
+			}
+			rep := readReport(t, sb)
+
+			if rep.UID != tt.wantUID || rep.EUID != tt.wantUID {
+				t.Errorf("entry ran as uid %d (euid %d), want %d", rep.UID, rep.EUID, tt.wantUID)
+			}
+			if tt.isolation == localsandbox.IsolationAuto {
+				if rep.GID != localsandbox.DefaultSandboxID || len(rep.Groups) != 0 {
+					t.Errorf("entry ran as gid %d with groups %v, want gid %d and no groups", rep.GID, rep.Groups, localsandbox.DefaultSandboxID)
+				}
+			}
+			wantEnv := []string{
+				"PATH=/usr/local/bin:/usr/bin:/bin",
+				"HOME=" + filepath.Join(sb.Workspace(), "home"),
+				"LANG=C.UTF-8",
+			}
+			if !slices.Equal(rep.Env, wantEnv) {
+				t.Errorf("entry environment = %q, want exactly %q", rep.Env, wantEnv)
+			}
+			assertNoToken(t, "the entry's environment", strings.Join(rep.Env, "\n"), spec.Tokens)
+			if want := []string{testEntryPathFor(l, sb), "--workspace", sb.Workspace()}; len(rep.Args) != 3 || rep.Args[1] != want[1] || rep.Args[2] != want[2] {
+				t.Errorf("entry argv = %q, want [entry --workspace %s]", rep.Args, sb.Workspace())
+			}
+			if rep.Cwd != sb.Workspace() {
+				t.Errorf("entry working directory = %s, want the workspace %s", rep.Cwd, sb.Workspace())
+			}
+
+			for _, name := range []string{"model.token", "events.token", "approvals.token"} {
+				tf, ok := rep.TokenFiles[name]
+				switch {
+				case !ok || tf.Mode == "":
+					t.Errorf("%s: the entry found no token file", name)
+				case tf.Mode != "-rw-------" || tf.UID != tt.wantUID:
+					t.Errorf("%s: mode %s owner %d, want -rw------- owned by %d", name, tf.Mode, tf.UID, tt.wantUID)
+				case tf.ReadErr != "":
+					t.Errorf("%s: the entry could not read it: %s", name, tf.ReadErr)
+				}
+			}
+			if len(rep.TokensLeft) != 0 {
+				t.Errorf("token files left after the entry read them: %v", rep.TokensLeft)
+			}
+
+			reached := target.Accepted() > 0
+			if reached != tt.wantNetwork {
+				t.Errorf("entry reached a loopback TCP listener: %v, want %v (dial error %q; interfaces %q)", reached, tt.wantNetwork, rep.TCPError, rep.Interfaces)
+			}
+			if (rep.PID == 1) != tt.wantPIDNS {
+				t.Errorf("entry saw itself as pid %d; in its own PID namespace: %v, want %v", rep.PID, rep.PID == 1, tt.wantPIDNS)
+			}
+
+			if rep.APIStatus != 200 {
+				t.Fatalf("entry's call through api.sock: status %d, error %q", rep.APIStatus, rep.APIError)
+			}
+			select {
+			case r := <-seen:
+				if r.Path != "/internal/v1/runs/run_isolation/events" || r.Bearer != spec.Tokens.Events {
+					t.Errorf("internal API got %s %s with the wrong bearer or path", r.Method, r.Path)
+				}
+			default:
+				t.Error("the internal API handler saw no request")
+			}
+
+			var bundle belay.ResultBundle
+			if err := json.Unmarshal(exit.Files["result.json"], &bundle); err != nil || bundle.RunID != spec.RunID {
+				t.Errorf("result.json = %q (%v), want the entry's bundle for %s", exit.Files["result.json"], err, spec.RunID)
+			}
+			if _, ok := exit.Files["patch.diff"]; !ok {
+				t.Error("Files has no patch.diff (an empty patch is still a file)")
+			}
+			if len(exit.Files["transcript.jsonl"]) == 0 {
+				t.Error("Files has no transcript.jsonl")
+			}
+
+			specJSON, err := os.ReadFile(filepath.Join(sb.Workspace(), "spec.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertNoToken(t, "spec.json", string(specJSON), spec.Tokens)
+			var written belay.SandboxSpec
+			if err := json.Unmarshal(specJSON, &written); err != nil {
+				t.Fatal(err)
+			}
+			if written.APISocket != filepath.Join(sb.Workspace(), "api.sock") || written.APIBaseURL != "http://belay" {
+				t.Errorf("spec.json apiSocket %q apiBaseUrl %q, want the workspace's api.sock and http://belay", written.APISocket, written.APIBaseURL)
+			}
+
+			applied := strings.Join(l.Isolation(), "\n")
+			if !strings.Contains(applied, tt.wantApplied) {
+				t.Errorf("Isolation() = %q, want it to list %q", l.Isolation(), tt.wantApplied)
+			}
+			if tt.wantMissing != "" {
+				if strings.Contains(applied, tt.wantMissing) {
+					t.Errorf("Isolation() = %q lists %q, which was not applied", l.Isolation(), tt.wantMissing)
+				}
+				if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "not_applied=") ||
+					!strings.Contains(logs.String(), tt.wantMissing) {
+					t.Errorf("the log does not say plainly that %q was not applied:\n%s", tt.wantMissing, logs.String())
+				}
+			} else if strings.Contains(logs.String(), "not_applied=") {
+				t.Errorf("the log reports missing isolation where all was applied:\n%s", logs.String())
+			}
+			assertNoToken(t, "the log", logs.String(), spec.Tokens)
+			assertNoToken(t, "the entry's output", sb.OutputTail(), spec.Tokens)
+		})
+	}
+}
+
+// testEntryPathFor is the entry path the launcher starts: a copy in
+// WorkRoot/bin as root, the test entry itself otherwise.
+func testEntryPathFor(l *localsandbox.Launcher, sb *localsandbox.Sandbox) string {
+	if os.Geteuid() == 0 {
+		return filepath.Join(filepath.Dir(filepath.Dir(sb.Workspace())), "bin", "belay-sandbox")
+	}
+	return testEntry
+}
+
+// TestStopKillsTheEntryAndWhatItStarted starts an entry that starts a
+// child and sleeps; Wait with an ended context must leave it running, and
+// Stop must kill both.
+func TestStopKillsTheEntryAndWhatItStarted(t *testing.T) {
+	tests := []struct {
+		isolation string
+		wantUID   string
+	}{
+		{localsandbox.IsolationAuto, "10001 10001 10001 10001"},
+		{localsandbox.IsolationNone, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.isolation, func(t *testing.T) {
+			if tt.isolation == localsandbox.IsolationAuto {
+				requireRoot(t)
+			}
+			api, seen := recordingAPI(t)
+			l, _, _ := newLauncher(t, tt.isolation, api)
+			sb := launch(t, l, testSpec(t, "run_stop", "sleep"))
+			select {
+			case <-seen: // the entry has started its child
+			case <-t.Context().Done():
+				t.Fatal("the entry never reported ready")
+			}
+			if tt.wantUID != "" {
+				if got := procStatus(t, sb.PID(), "Uid"); got != tt.wantUID {
+					t.Errorf("/proc/%d/status Uid = %q, want %q", sb.PID(), got, tt.wantUID)
+				}
+				if got := procStatus(t, sb.PID(), "Groups"); got != "" {
+					t.Errorf("/proc/%d/status Groups = %q, want none", sb.PID(), got)
+				}
+			}
+			kids := childrenOf(t, sb.PID())
+			if len(kids) != 1 {
+				t.Fatalf("the entry has children %v, want its one sleep", kids)
+			}
+			kidFD := pidfd(t, kids[0])
+
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if _, err := sb.Wait(ctx); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Wait with an ended context = %v, want context.Canceled", err)
+			}
+			if !alive(sb.PID()) || !alive(kids[0]) {
+				t.Fatal("Wait with an ended context stopped the sandbox; only Stop may")
+			}
+
+			if err := sb.Stop(context.Background()); err != nil {
+				t.Fatalf("Stop: %v", err)
+			}
+			exit := wait(t, sb)
+			if !exit.Signaled || exit.ExitCode != 128+9 {
+				t.Errorf("exit after Stop: code %d signaled %v, want 137 signaled", exit.ExitCode, exit.Signaled)
+			}
+			if !diesSoon(t, kidFD) {
+				t.Errorf("the entry's child %d outlived Stop", kids[0])
+			}
+			if err := sb.Stop(context.Background()); err != nil {
+				t.Errorf("second Stop: %v, want nil (idempotent)", err)
+			}
+		})
+	}
+}
+
+// TestWaitLeavesOutSuspectFiles checks that an output file that is a
+// symbolic link or over the cap is left out and the rest kept.
+func TestWaitLeavesOutSuspectFiles(t *testing.T) {
+	tests := []struct {
+		mode     string
+		want     map[string]int // file -> size
+		leftOut  string
+		whyInLog string
+	}{
+		{"symlink", map[string]int{"patch.diff": len("patch\n")}, "result.json", "symbolic link"},
+		{"oversize", map[string]int{"result.json": 2, "patch.diff": belay.MaxArtifactBytes}, "transcript.jsonl", "at most"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.mode, func(t *testing.T) {
+			api, _ := recordingAPI(t)
+			l, logs, _ := newLauncher(t, "", api)
+			sb := launch(t, l, testSpec(t, "run_files", tt.mode))
+			exit := wait(t, sb)
+			if exit.ExitCode != 0 {
+				t.Fatalf("entry exited %d: %q", exit.ExitCode, sb.OutputTail())
+			}
+			got := map[string]int{}
+			for name, b := range exit.Files {
+				got[name] = len(b)
+			}
+			if len(got) != len(tt.want) {
+				t.Errorf("Files = %v (sizes), want %v", got, tt.want)
+			}
+			for name, size := range tt.want {
+				if got[name] != size {
+					t.Errorf("Files[%s] is %d bytes, want %d", name, got[name], size)
+				}
+			}
+			if _, ok := exit.Files[tt.leftOut]; ok {
+				t.Errorf("Files holds %s, which should have been left out", tt.leftOut)
+			}
+			if !strings.Contains(logs.String(), "left out") || !strings.Contains(logs.String(), tt.whyInLog) {
+				t.Errorf("the log does not say %s was left out (%s):\n%s", tt.leftOut, tt.whyInLog, logs.String())
+			}
+		})
+	}
+}
+
+// TestCleanupRemovesTheWorkspace leaves an unsearchable folder owned by the
+// sandbox user behind; Cleanup must still remove everything, close the
+// socket, and be idempotent.
+func TestCleanupRemovesTheWorkspace(t *testing.T) {
+	for _, isolation := range []string{localsandbox.IsolationAuto, localsandbox.IsolationNone} {
+		t.Run(isolation, func(t *testing.T) {
+			api, _ := recordingAPI(t)
+			l, _, root := newLauncher(t, isolation, api)
+			sb := launch(t, l, testSpec(t, "run_clean", "mess"))
+			exit := wait(t, sb)
+			if exit.ExitCode != 0 {
+				t.Fatalf("entry exited %d: %q", exit.ExitCode, sb.OutputTail())
+			}
+			locked := filepath.Join(sb.Workspace(), "out", "locked")
+			if fi, err := os.Stat(locked); err != nil || fi.Mode().Perm() != 0 {
+				t.Fatalf("the entry left no unsearchable folder (%v)", err)
+			}
+			if os.Geteuid() == 0 && isolation == localsandbox.IsolationAuto {
+				if uid := fileOwner(t, locked); uid != localsandbox.DefaultSandboxID {
+					t.Errorf("the entry's folder is owned by %d, want the sandbox uid", uid)
+				}
+			}
+			if err := sb.Cleanup(); err != nil {
+				t.Fatalf("Cleanup: %v", err)
+			}
+			if _, err := os.Lstat(sb.Workspace()); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("workspace still there after Cleanup (%v)", err)
+			}
+			if c, err := net.Dial("unix", filepath.Join(sb.Workspace(), "api.sock")); err == nil {
+				c.Close()
+				t.Error("api.sock still answers after Cleanup")
+			}
+			if err := sb.Cleanup(); err != nil {
+				t.Errorf("second Cleanup: %v, want nil", err)
+			}
+			left, err := os.ReadDir(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range left {
+				if e.Name() != "bin" {
+					t.Errorf("WorkRoot still holds %s", e.Name())
+				}
+			}
+		})
+	}
+}
+
+// TestTokensPrintedByTheSandboxAreBlanked has the entry print its tokens
+// and crash: the exit code comes back, and neither the log line about the
+// crash nor OutputTail holds a token.
+func TestTokensPrintedByTheSandboxAreBlanked(t *testing.T) {
+	api, _ := recordingAPI(t)
+	l, logs, _ := newLauncher(t, "", api)
+	spec := testSpec(t, "run_leak", "leak")
+	sb := launch(t, l, spec)
+	exit := wait(t, sb)
+	if exit.ExitCode != 3 || exit.Signaled {
+		t.Fatalf("exit code %d signaled %v, want 3", exit.ExitCode, exit.Signaled)
+	}
+	if !strings.Contains(sb.OutputTail(), ".token is [redacted]") {
+		t.Errorf("OutputTail = %q, want the printed tokens blanked", sb.OutputTail())
+	}
+	if !strings.Contains(logs.String(), "last_output_line=") {
+		t.Errorf("the crash is not logged with its last output line:\n%s", logs.String())
+	}
+	assertNoToken(t, "OutputTail", sb.OutputTail(), spec.Tokens)
+	assertNoToken(t, "the log", logs.String(), spec.Tokens)
+}
+
+// TestLaunchFailureLeavesNothing makes Launch fail before and after the
+// workspace exists; either way WorkRoot holds nothing of the run and the
+// error holds no token.
+func TestLaunchFailureLeavesNothing(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, root string, spec *belay.SandboxSpec)
+	}{
+		{"path in run id", func(t *testing.T, root string, spec *belay.SandboxSpec) { spec.RunID = "../escape" }},
+		{"empty run id", func(t *testing.T, root string, spec *belay.SandboxSpec) { spec.RunID = "" }},
+		{"missing token", func(t *testing.T, root string, spec *belay.SandboxSpec) { spec.Tokens.Approvals = "" }},
+		{"entry cannot start", func(t *testing.T, root string, spec *belay.SandboxSpec) {
+			requireRoot(t) // as root the launcher runs its own copy of the entry
+			if err := os.Remove(filepath.Join(root, "bin", "belay-sandbox")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			api, _ := recordingAPI(t)
+			l, logs, root := newLauncher(t, "", api)
+			spec := testSpec(t, "run_fail", "report 127.0.0.1:1")
+			tt.setup(t, root, &spec)
+			sb, err := l.Launch(context.Background(), spec)
+			if err == nil {
+				sb.Cleanup()
+				t.Fatal("Launch succeeded")
+			}
+			assertNoToken(t, "the Launch error", err.Error(), spec.Tokens)
+			assertNoToken(t, "the log", logs.String(), spec.Tokens)
+			left, rerr := os.ReadDir(root)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			for _, e := range left {
+				if e.Name() != "bin" {
+					t.Errorf("after a failed launch (%v) WorkRoot still holds %s", err, e.Name())
+				}
+			}
+			if _, err := os.Lstat(filepath.Join(filepath.Dir(root), "escape")); err == nil {
+				t.Error("a run id escaped WorkRoot")
+			}
+		})
+	}
+}
+
+// TestNewRefusesBadConfig checks the mistakes New must name before any
+// sandbox runs.
+func TestNewRefusesBadConfig(t *testing.T) {
+	api, _ := recordingAPI(t)
+	tests := []struct {
+		name    string
+		root    bool
+		cfg     func(t *testing.T) localsandbox.Config
+		wantErr string
+	}{
+		{"unknown isolation", false, func(t *testing.T) localsandbox.Config {
+			return localsandbox.Config{EntryPath: testEntry, WorkRoot: filepath.Join(shortTempDir(t), "w"), Internal: api, Isolation: "full"}
+		}, `isolation "full"`},
+		{"no handler", false, func(t *testing.T) localsandbox.Config {
+			return localsandbox.Config{EntryPath: testEntry, WorkRoot: filepath.Join(shortTempDir(t), "w")}
+		}, "Internal is required"},
+		{"entry missing", false, func(t *testing.T) localsandbox.Config {
+			return localsandbox.Config{EntryPath: "/nonexistent/entry", WorkRoot: filepath.Join(shortTempDir(t), "w"), Internal: api}
+		}, "entry"},
+		{"WorkRoot path too long for a socket", false, func(t *testing.T) localsandbox.Config {
+			return localsandbox.Config{EntryPath: testEntry, WorkRoot: filepath.Join(shortTempDir(t), strings.Repeat("d", 60)), Internal: api}
+		}, "too long"},
+		{"WorkRoot writable by others", false, func(t *testing.T) localsandbox.Config {
+			dir := filepath.Join(shortTempDir(t), "w")
+			if err := os.Mkdir(dir, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(dir, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			return localsandbox.Config{EntryPath: testEntry, WorkRoot: dir, Internal: api}
+		}, "must not be writable"},
+		{"WorkRoot the sandbox uid cannot reach", true, func(t *testing.T) localsandbox.Config {
+			dir := shortTempDir(t)
+			if err := os.Chmod(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			return localsandbox.Config{EntryPath: testEntry, WorkRoot: filepath.Join(dir, "w"), Internal: api}
+		}, "cannot reach WorkRoot"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.root {
+				requireRoot(t)
+			}
+			_, err := localsandbox.New(tt.cfg(t))
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("New = %v, want an error containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,203 @@
+// Command testentry stands in for the sandbox entry in localsandbox's
+// tests. It takes the same argument (--workspace WS), reads spec.json and
+// its token files the way the real entry does (sandbox.ReadTokenFile), and
+// then does what spec.Instruction asks, reporting what it saw of its own
+// process into out/report.json:
+//
+//	report ADDR   report uid, env, token files, and whether TCP to ADDR and
+//	              the events route on api.sock work; write the three outputs
+//	sleep         start `sleep 3600` in its process group, tell the control
+//	              plane it is ready (events route), then sleep
+//	symlink       make out/result.json a symbolic link to spec.json
+//	oversize      write a transcript one byte over the cap, a patch at it
+//	leak          print the tokens to stderr and exit 3
+//	mess          leave an unsearchable folder behind, then exit 0
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/sandbox"
+)
+
+// Report is what the entry saw; the tests decode it.
+type Report struct {
+	UID, EUID, GID int
+	Groups         []int
+	PID            int
+	Cwd            string
+	Args           []string
+	Env            []string
+	TokenFiles     map[string]TokenFile
+	TokensLeft     []string
+	TCPError       string
+	APIStatus      int
+	APIError       string
+	Interfaces     []string
+}
+
+// TokenFile is what the entry found of one token file before reading it.
+type TokenFile struct {
+	Mode    string
+	UID     int
+	ReadErr string
+}
+
+func main() {
+	ws := flag.String("workspace", "", "the workspace")
+	flag.Parse()
+	if err := run(sandbox.Workspace(*ws)); err != nil {
+		fmt.Fprintln(os.Stderr, "testentry:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ws sandbox.Workspace) error {
+	spec, err := sandbox.ReadSpec(ws.SpecPath())
+	if err != nil {
+		return err
+	}
+	rep := Report{
+		UID: os.Getuid(), EUID: os.Geteuid(), GID: os.Getgid(), PID: os.Getpid(),
+		Args: os.Args, Env: os.Environ(), TokenFiles: map[string]TokenFile{},
+	}
+	rep.Groups, _ = os.Getgroups()
+	rep.Cwd, _ = os.Getwd()
+	tokens := map[string]string{}
+	for _, name := range []string{sandbox.ModelTokenFile, sandbox.EventsTokenFile, sandbox.ApprovalsTokenFile} {
+		var tf TokenFile
+		if fi, err := os.Lstat(filepath.Join(ws.TokensDir(), name)); err == nil {
+			tf.Mode = fmt.Sprintf("%v", fi.Mode())
+			tf.UID = int(fi.Sys().(*syscall.Stat_t).Uid)
+		}
+		tok, err := sandbox.ReadTokenFile(ws.TokensDir(), name)
+		if err != nil {
+			tf.ReadErr = err.Error()
+		}
+		tokens[name] = tok
+		rep.TokenFiles[name] = tf
+	}
+	if ents, err := os.ReadDir(ws.TokensDir()); err == nil {
+		for _, e := range ents {
+			rep.TokensLeft = append(rep.TokensLeft, e.Name())
+		}
+	}
+	out := ws.OutDir()
+	mode, arg, _ := strings.Cut(spec.Instruction, " ")
+	switch mode {
+	case "report":
+		if c, err := net.DialTimeout("tcp", arg, 5*time.Second); err != nil {
+			rep.TCPError = err.Error()
+		} else {
+			c.Close()
+		}
+		rep.APIStatus, rep.APIError = postEvent(spec, tokens[sandbox.EventsTokenFile])
+		ifs, _ := net.Interfaces()
+		for _, i := range ifs {
+			rep.Interfaces = append(rep.Interfaces, i.Name+" "+i.Flags.String())
+		}
+		if err := writeOutputs(out, spec.RunID); err != nil {
+			return err
+		}
+	case "sleep":
+		cmd := exec.Command("sleep", "3600")
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		if status, msg := postEvent(spec, tokens[sandbox.EventsTokenFile]); status != http.StatusOK {
+			return fmt.Errorf("ready: %d %s", status, msg)
+		}
+		time.Sleep(time.Hour)
+	case "symlink":
+		if err := os.Symlink("../spec.json", filepath.Join(out, "result.json")); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(out, "patch.diff"), []byte("patch\n"), 0o644); err != nil {
+			return err
+		}
+	case "oversize":
+		if err := os.WriteFile(filepath.Join(out, "result.json"), []byte("{}"), 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(out, "patch.diff"), bytes.Repeat([]byte("p"), belay.MaxArtifactBytes), 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(out, "transcript.jsonl"), bytes.Repeat([]byte("t"), belay.MaxArtifactBytes+1), 0o644); err != nil {
+			return err
+		}
+	case "leak":
+		for name, tok := range tokens {
+			fmt.Fprintf(os.Stderr, "%s is %s\n", name, tok)
+		}
+		os.Exit(3)
+	case "mess":
+		locked := filepath.Join(out, "locked")
+		if err := os.Mkdir(locked, 0o700); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(locked, "f"), []byte("x"), 0o400); err != nil {
+			return err
+		}
+		if err := os.Chmod(locked, 0); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("unknown mode %q", mode)
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(out, "report.json"), b, 0o644)
+}
+
+// postEvent appends one sandbox.ready event through the internal API and
+// returns the answer's status, or 0 and the transport error.
+func postEvent(spec belay.SandboxSpec, tok string) (int, string) {
+	body := `{"batchId":"b1","events":[{"type":"sandbox.ready","time":"` + time.Now().UTC().Format(time.RFC3339) + `","data":{}}]}`
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
+		spec.APIBaseURL+"/internal/v1/runs/"+spec.RunID+"/events", strings.NewReader(body))
+	if err != nil {
+		return 0, err.Error()
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := sandbox.NewAPIClient(spec.APISocket).Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	resp.Body.Close()
+	return resp.StatusCode, ""
+}
+
+func writeOutputs(out, runID string) error {
+	b, err := json.Marshal(belay.ResultBundle{Version: belay.ResultBundleVersion, RunID: runID, Status: belay.StatusCompleted})
+	if err != nil {
+		return err
+	}
+	for name, content := range map[string][]byte{
+		"result.json":      b,
+		"patch.diff":       []byte(""),
+		"transcript.jsonl": []byte(`{"role":"user"}` + "\n"),
+	} {
+		if err := os.WriteFile(filepath.Join(out, name), content, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

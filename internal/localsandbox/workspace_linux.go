@@ -1,0 +1,226 @@
+package localsandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/belay-dev/belay/internal/belay"
+)
+
+// The workspace layout (DESIGN.md "Sandbox workspace layout").
+const (
+	specFile   = "spec.json"
+	tokensDir  = "tokens"
+	outDir     = "out"
+	homeDir    = "home"
+	socketName = "api.sock"
+
+	modelTokenFile     = "model.token"
+	eventsTokenFile    = "events.token"
+	approvalsTokenFile = "approvals.token"
+)
+
+// OutputFiles are the files Wait reads from the workspace's out/ folder.
+var OutputFiles = []string{"result.json", "patch.diff", "transcript.jsonl"}
+
+// workspaceSuffixBytes is the entropy in a workspace's name after the run
+// id, so a retried launch of the same run never meets an old workspace.
+const workspaceSuffixBytes = 6
+
+// maxRunIDBytes bounds a run id used in a workspace name.
+const maxRunIDBytes = 64
+
+// checkRunID accepts run ids that are safe as one path component.
+func checkRunID(id string) error {
+	if id == "" || len(id) > maxRunIDBytes {
+		return fmt.Errorf("run id must be 1 to %d bytes, not %d", maxRunIDBytes, len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return fmt.Errorf("run id %q has a character other than letters, digits, '_' and '-'", id)
+		}
+	}
+	return nil
+}
+
+// layoutWorkspace fills the fresh workspace ws (already holding api.sock):
+// tokens/, out/, home/, spec.json without tokens, and the three token files
+// (0600, created exclusively and never through a symbolic link). With uid
+// >= 0 the whole tree is then handed to uid:gid. Until then it is belay's
+// alone, so nothing here races with the sandbox.
+func layoutWorkspace(ws string, spec belay.SandboxSpec, tokens map[string]string, uid, gid int) error {
+	for _, d := range []string{tokensDir, outDir, homeDir} {
+		if err := os.Mkdir(filepath.Join(ws, d), 0o700); err != nil {
+			return fmt.Errorf("create workspace folder: %w", err)
+		}
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("encode spec.json: %w", err)
+	}
+	if err := writeNewFile(filepath.Join(ws, specFile), b, 0o644, uid, gid); err != nil {
+		return fmt.Errorf("write spec.json: %w", err)
+	}
+	for name, tok := range tokens {
+		// The error names the file only: a token never reaches a message.
+		if err := writeNewFile(filepath.Join(ws, tokensDir, name), []byte(tok), 0o600, uid, gid); err != nil {
+			return fmt.Errorf("write token file %s: %w", name, err)
+		}
+	}
+	if uid < 0 {
+		return nil
+	}
+	for _, p := range []string{tokensDir, outDir, homeDir, socketName, "."} {
+		if err := os.Lchown(filepath.Join(ws, p), uid, gid); err != nil {
+			return fmt.Errorf("hand workspace to uid %d: %w", uid, err)
+		}
+	}
+	return nil
+}
+
+// writeNewFile creates path exclusively (never through a symbolic link)
+// with mode perm, owned by uid:gid when uid >= 0, and syncs it.
+func writeNewFile(path string, data []byte, perm os.FileMode, uid, gid int) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, perm)
+	if err != nil {
+		return err
+	}
+	err = f.Chmod(perm) // the umask applied at creation
+	if err == nil && uid >= 0 {
+		err = f.Chown(uid, gid)
+	}
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// readOutputs reads out/result.json, out/patch.diff and
+// out/transcript.jsonl from ws. Each must be a regular file reached without
+// any symbolic link, owned by owner, with one link, and at most
+// belay.MaxArtifactBytes; a file that fails any of these is left out and
+// logged. A missing file is simply absent. Only an I/O failure is an error.
+func readOutputs(ws string, owner int, log *slog.Logger) (map[string][]byte, error) {
+	files := map[string][]byte{}
+	wsfd, err := unix.Open(ws, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open workspace: %w", err)
+	}
+	defer unix.Close(wsfd)
+	outfd, err := unix.Openat(wsfd, outDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return files, nil
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
+		log.Warn("sandbox output folder is not a directory (or is a symbolic link); all output left out")
+		return files, nil
+	case err != nil:
+		return nil, fmt.Errorf("open out/: %w", err)
+	}
+	defer unix.Close(outfd)
+	for _, name := range OutputFiles {
+		b, why, err := readOutput(outfd, name, owner)
+		if err != nil {
+			return nil, err
+		}
+		if why != "" {
+			log.Warn("sandbox output file left out", "file", name, "why", why)
+			continue
+		}
+		if b != nil {
+			files[name] = b
+		}
+	}
+	return files, nil
+}
+
+// readOutput reads one output file. It returns the content, or a reason to
+// leave the file out, or an I/O error; a missing file returns nothing.
+func readOutput(dirfd int, name string, owner int) (content []byte, leftOut string, err error) {
+	// O_NONBLOCK: a FIFO opens without waiting for a writer, and fstat
+	// then refuses it. O_NOCTTY: a terminal never becomes belay's.
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil, "", nil
+	case errors.Is(err, unix.ELOOP):
+		return nil, "it is a symbolic link", nil
+	case err != nil:
+		return nil, "", fmt.Errorf("open out/%s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, "", fmt.Errorf("stat out/%s: %w", name, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return nil, "it is not a regular file", nil
+	case int(st.Uid) != owner:
+		return nil, "it is owned by uid " + strconv.Itoa(int(st.Uid)) + ", not by the sandbox user", nil
+	case st.Nlink != 1:
+		return nil, "it has " + strconv.Itoa(int(st.Nlink)) + " hard links", nil
+	case st.Size > belay.MaxArtifactBytes:
+		return nil, fmt.Sprintf("it is %d bytes; at most %d are kept", st.Size, belay.MaxArtifactBytes), nil
+	}
+	b, err := io.ReadAll(io.LimitReader(f, belay.MaxArtifactBytes+1))
+	if err != nil {
+		return nil, "", fmt.Errorf("read out/%s: %w", name, err)
+	}
+	if len(b) > belay.MaxArtifactBytes {
+		return nil, fmt.Sprintf("it grew past %d bytes while being read", belay.MaxArtifactBytes), nil
+	}
+	return b, "", nil
+}
+
+// removeTree removes dir and everything in it. Running as root that always
+// works; running as the sandbox's own user, a folder the sandbox made
+// unsearchable (mode 0000) first has its owner's permissions restored.
+func removeTree(dir string) error {
+	err := os.RemoveAll(dir)
+	if err == nil {
+		return nil
+	}
+	restoreOwnerAccess(dir)
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove workspace %s: %w", dir, err)
+	}
+	return nil
+}
+
+// restoreOwnerAccess gives the owner rwx on dir and every folder under it,
+// never following a symbolic link: each folder is opened with O_PATH and
+// O_NOFOLLOW and changed through its /proc/self/fd link.
+func restoreOwnerAccess(dir string) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	_ = os.Chmod("/proc/self/fd/"+strconv.Itoa(fd), 0o700)
+	unix.Close(fd)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			restoreOwnerAccess(filepath.Join(dir, e.Name()))
+		}
+	}
+}
