@@ -21,8 +21,14 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.Error("internal error", "request_id", st.id, "run_id", st.runID,
 			"method", r.Method, "path", r.URL.Path, "err", err.Error())
 	} else {
+		// The message is the caller's to read; it may quote a path or a
+		// value from the request, so the log keeps the code and field only.
+		var field string
+		if e, ok := errors.AsType[*belay.Error](err); ok {
+			field = e.Field
+		}
 		s.log.Debug("request refused", "request_id", st.id, "run_id", st.runID,
-			"code", string(code), "err", err.Error())
+			"code", string(code), "field", field)
 	}
 	s.writeJSON(w, HTTPStatus(code), ErrorBody{Error: ErrorDetail{
 		Code:      code,

@@ -262,6 +262,7 @@ func TestCreateRunRefusesBadInputAndStoresNothing(t *testing.T) {
 		{"not JSON", `{"instruction":`, 400, belay.CodeInvalid},
 		{"empty", ``, 400, belay.CodeInvalid},
 		{"check not allowed", strings.Replace(runBody(""), `"pytest","-q"`, `"pytest","-x"`, 1), 400, belay.CodeInvalid},
+		{"bad path", strings.Replace(runBody(""), `"path":"calc.py"`, `"path":"../`+fileCanary+`.py"`, 1), 400, belay.CodeInvalid},
 	} {
 		a := h.public(t, "POST", "/v1/runs", tc.body)
 		if a.status != tc.want || a.errorCode(t) != tc.code {
@@ -277,6 +278,9 @@ func TestCreateRunRefusesBadInputAndStoresNothing(t *testing.T) {
 	}
 	if sub, _ := h.orch.calls(); len(sub) != 0 {
 		t.Errorf("orchestrator submitted %v for refused requests", sub)
+	}
+	if strings.Contains(h.logs.String(), fileCanary) {
+		t.Error("the log repeats request contents")
 	}
 }
 
