@@ -2,11 +2,13 @@ package localsandbox
 
 import (
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -126,6 +128,7 @@ func New(cfg Config) (*Launcher, error) {
 	if l.entry, err = l.prepareEntry(cfg.EntryPath); err != nil {
 		return nil, err
 	}
+	l.sweepStale()
 
 	var tiers []tier
 	if isolation == IsolationAuto {
@@ -431,6 +434,45 @@ func copyExecutable(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// sweepStale removes workspaces left behind by a belay process that died
+// before it could clean up: their sandboxes died with it (parent-death
+// signal), but token files the entry never read may still be there. A
+// workspace is stale when nothing answers on its api.sock; a live launcher
+// sharing WorkRoot always has a listener there.
+func (l *Launcher) sweepStale() {
+	ents, err := os.ReadDir(l.root)
+	if err != nil {
+		l.log.Warn("look for stale sandbox workspaces", "err", err.Error())
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !isWorkspaceName(e.Name()) {
+			continue
+		}
+		ws := filepath.Join(l.root, e.Name())
+		if c, err := net.Dial("unix", filepath.Join(ws, socketName)); err == nil {
+			c.Close()
+			continue
+		}
+		if err := removeTree(ws); err != nil {
+			l.log.Warn("remove stale sandbox workspace", "workspace", ws, "err", err.Error())
+			continue
+		}
+		l.log.Info("removed stale sandbox workspace", "workspace", ws)
+	}
+}
+
+// isWorkspaceName reports whether name is what Launch names a workspace:
+// a run id, a dash, and the hex suffix.
+func isWorkspaceName(name string) bool {
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 || len(name)-i-1 != 2*workspaceSuffixBytes || checkRunID(name[:i]) != nil {
+		return false
+	}
+	_, err := hex.DecodeString(name[i+1:])
+	return err == nil && strings.ToLower(name[i+1:]) == name[i+1:]
 }
 
 // read fills b from the launcher's entropy.

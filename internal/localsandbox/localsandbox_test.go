@@ -441,3 +441,41 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestNewRemovesStaleWorkspaces leaves a workspace behind as a dead belay
+// would (token file still there, nothing on its api.sock) next to a live
+// sandbox's and an unrelated folder: a new launcher on the same WorkRoot
+// removes only the stale one.
+func TestNewRemovesStaleWorkspaces(t *testing.T) {
+	api, seen := recordingAPI(t)
+	l, _, root := newLauncher(t, "", api)
+	live := launch(t, l, testSpec(t, "run_live", "sleep"))
+	select {
+	case <-seen:
+	case <-t.Context().Done():
+		t.Fatal("the live sandbox never reported ready")
+	}
+	stale := filepath.Join(root, "run_dead-0123456789ab")
+	if err := os.MkdirAll(filepath.Join(stale, "tokens"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, "tokens", "model.token"), []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(root, "notes")
+	if err := os.Mkdir(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := localsandbox.New(localsandbox.Config{EntryPath: testEntry, WorkRoot: root, Internal: api}); err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale workspace still there (%v)", err)
+	}
+	for _, keep := range []string{live.Workspace(), other} {
+		if _, err := os.Lstat(keep); err != nil {
+			t.Errorf("%s was removed: %v", keep, err)
+		}
+	}
+}
