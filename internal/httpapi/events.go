@@ -144,6 +144,9 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, id string,
 				return
 			}
 			writeSSE(bw, strconv.FormatInt(e.Seq, 10), e.Type, data)
+			if !flush() {
+				return
+			}
 			after = e.Seq
 			if belay.IsTerminalEvent(e.Type) {
 				ended = true

@@ -2,7 +2,9 @@ package httpapi_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -521,5 +523,35 @@ func TestInternalHandlerServesOnlyInternalRoutes(t *testing.T) {
 	a := doURL(t, "POST", inner+"/internal/v1/chat/completions", toks.Model, []byte(chatBody))
 	if a.status != 200 {
 		t.Errorf("internal handler model call: %d %s", a.status, a.body)
+	}
+}
+
+func TestInternalErrorsAreOpaqueAndLogged(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	id := h.createRun(t, "")
+	// A closed database is a real internal failure: the store answers
+	// with an error that has no code.
+	if err := h.store.(io.Closer).Close(); err != nil {
+		t.Fatal(err)
+	}
+	a := h.public(t, "GET", "/v1/runs/"+id, "")
+	if a.status != 500 {
+		t.Fatalf("%d %s, want 500", a.status, a.body)
+	}
+	var e httpapi.ErrorBody
+	a.decode(t, &e)
+	if e.Error.Code != belay.CodeInternal || e.Error.Message != "internal error" || e.Error.RequestID != a.header.Get(httpapi.RequestIDHeader) {
+		t.Errorf("error body %+v", e)
+	}
+	var logged bool
+	for line := range strings.Lines(h.logs.String()) {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && rec["level"] == "ERROR" &&
+			rec["request_id"] == e.Error.RequestID && rec["run_id"] == id && rec["err"] != "" {
+			logged = true
+		}
+	}
+	if !logged {
+		t.Errorf("no error log line with the request id and run id:\n%s", h.logs.String())
 	}
 }
