@@ -18,9 +18,14 @@ const (
 	IsolationNone = "none"
 )
 
-// DefaultSandboxID is the uid and gid the sandbox runs as when belay runs
-// as root. It needs no passwd entry: nothing in the sandbox looks it up.
+// DefaultSandboxID is the first uid and gid sandboxes run as when belay
+// runs as root. It needs no passwd entry: nothing in the sandbox looks it
+// up.
 const DefaultSandboxID = 10001
+
+// DefaultSandboxIDs is how many uids (and gids) from DefaultSandboxID
+// sandboxes may use: as many sandboxes can run at once.
+const DefaultSandboxIDs = 256
 
 // Config is what a Launcher needs.
 type Config struct {
@@ -37,9 +42,17 @@ type Config struct {
 	// Internal serves the control plane's internal routes; each sandbox
 	// reaches it only through the api.sock in its workspace.
 	Internal http.Handler
-	// UID and GID are the unprivileged user the sandbox runs as when belay
-	// runs as root; zero means DefaultSandboxID.
+	// UID and GID are the first unprivileged uid and gid sandboxes run as
+	// when belay runs as root; zero means DefaultSandboxID. Each running
+	// sandbox gets the lowest free uid (and the gid at the same offset)
+	// of its own, so one sandbox cannot read or change another's
+	// workspace or processes; the id is reused only after its sandbox
+	// was reaped and its workspace removed. No other user of the machine
+	// may own these ids.
 	UID, GID int
+	// UIDs is how many consecutive uids and gids sandboxes may use, which
+	// bounds how many run at once; zero means DefaultSandboxIDs.
+	UIDs int
 	// Isolation is IsolationAuto (the default when empty) or
 	// IsolationNone.
 	Isolation string

@@ -44,6 +44,7 @@ type report struct {
 	APIStatus  int
 	APIError   string
 	Interfaces []string
+	PeekErrors []string
 }
 
 // syncBuffer is a log destination the test reads while sandboxes write.

@@ -49,10 +49,12 @@ const (
 
 // tier is one isolation setting the launcher may apply, strongest first.
 type tier struct {
-	name     string
-	applied  []string
-	missing  []string
-	sysAttrs func() *syscall.SysProcAttr
+	name    string
+	applied []string
+	missing []string
+	// dropsUID says whether the tier runs each sandbox as its own uid.
+	dropsUID bool
+	sysAttrs func(uid, gid int) *syscall.SysProcAttr
 }
 
 // Launcher starts local sandboxes. It is safe for concurrent use.
@@ -60,7 +62,8 @@ type Launcher struct {
 	entry    string
 	root     string
 	internal http.Handler
-	uid, gid int
+	uid, gid int // the first of the uids and gids sandboxes run as
+	ids      int // how many
 	asRoot   bool
 	tier     tier
 	log      *slog.Logger
@@ -79,6 +82,7 @@ func New(cfg Config) (*Launcher, error) {
 		internal: cfg.Internal,
 		uid:      cfg.UID,
 		gid:      cfg.GID,
+		ids:      cfg.UIDs,
 		asRoot:   os.Geteuid() == 0,
 		log:      cfg.Logger,
 		now:      cfg.Now,
@@ -99,6 +103,9 @@ func New(cfg Config) (*Launcher, error) {
 	if l.gid == 0 {
 		l.gid = DefaultSandboxID
 	}
+	if l.ids == 0 {
+		l.ids = DefaultSandboxIDs
+	}
 	switch {
 	case cfg.Internal == nil:
 		return nil, errors.New("localsandbox: Config.Internal is required")
@@ -106,8 +113,10 @@ func New(cfg Config) (*Launcher, error) {
 		return nil, errors.New("localsandbox: Config.EntryPath is required")
 	case cfg.WorkRoot == "":
 		return nil, errors.New("localsandbox: Config.WorkRoot is required")
-	case l.uid < 0 || l.gid < 0:
-		return nil, fmt.Errorf("localsandbox: sandbox uid:gid %d:%d is negative", l.uid, l.gid)
+	case l.uid < 0 || l.gid < 0 || l.ids < 0:
+		return nil, fmt.Errorf("localsandbox: sandbox uid:gid %d:%d (count %d) is negative", l.uid, l.gid, l.ids)
+	case uint64(l.uid)+uint64(l.ids) > 1<<31 || uint64(l.gid)+uint64(l.ids) > 1<<31:
+		return nil, fmt.Errorf("localsandbox: sandbox uids %d and gids %d plus %d run past the largest id", l.uid, l.gid, l.ids)
 	}
 	isolation := cfg.Isolation
 	if isolation == "" {
@@ -175,7 +184,7 @@ func (l *Launcher) report(isolation string, refused []string) {
 	case isolation == IsolationNone:
 		plainly = fmt.Sprintf("isolation is off (mode none): the sandbox runs as this user (uid %d), can read what this user can read, and can reach the network", os.Getuid())
 	case l.asRoot:
-		plainly = fmt.Sprintf("namespaces could not be created: the sandbox runs as uid %d but shares belay's network and process view", l.uid)
+		plainly = fmt.Sprintf("namespaces could not be created: each sandbox runs as its own uid (from %d) but shares belay's network and process view", l.uid)
 	case l.tier.name == tierUserNS:
 		plainly = fmt.Sprintf("not running as root: the sandbox runs as this user (uid %d) inside its own user namespace, so it cannot be moved to another uid; it can read what this user can read", os.Getuid())
 	default:
@@ -195,25 +204,28 @@ func (l *Launcher) autoTiers() []tier {
 	namespaces := []string{measurePIDNS, measureMountNS, measureNetNS, measureIPCNS, measureUTSNS}
 	always := []string{measureProcessGroup, measureEmptyEnv}
 	if l.asRoot {
-		uidDrop := fmt.Sprintf("runs as uid:gid %d:%d with no supplementary groups and no capabilities", l.uid, l.gid)
-		cred := func() *syscall.Credential {
-			return &syscall.Credential{Uid: uint32(l.uid), Gid: uint32(l.gid), Groups: []uint32{}}
+		uidDrop := fmt.Sprintf("each sandbox runs as a uid:gid of its own from %d:%d to %d:%d, with no supplementary groups and no capabilities",
+			l.uid, l.gid, l.uid+l.ids-1, l.gid+l.ids-1)
+		cred := func(uid, gid int) *syscall.Credential {
+			return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
 		}
 		return []tier{
 			{
-				name:    tierRootNS,
-				applied: append(append([]string{uidDrop}, namespaces...), always...),
-				sysAttrs: func() *syscall.SysProcAttr {
+				name:     tierRootNS,
+				applied:  append(append([]string{uidDrop}, namespaces...), always...),
+				dropsUID: true,
+				sysAttrs: func(uid, gid int) *syscall.SysProcAttr {
 					return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL,
-						Credential: cred(), Cloneflags: namespaceFlags}
+						Credential: cred(uid, gid), Cloneflags: namespaceFlags}
 				},
 			},
 			{
-				name:    tierRootUID,
-				applied: append([]string{uidDrop}, always...),
-				missing: namespaces,
-				sysAttrs: func() *syscall.SysProcAttr {
-					return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred()}
+				name:     tierRootUID,
+				applied:  append([]string{uidDrop}, always...),
+				missing:  namespaces,
+				dropsUID: true,
+				sysAttrs: func(uid, gid int) *syscall.SysProcAttr {
+					return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred(uid, gid)}
 				},
 			},
 		}
@@ -224,7 +236,7 @@ func (l *Launcher) autoTiers() []tier {
 		applied: append(append([]string{fmt.Sprintf("user namespace (uid %d mapped to itself, no capabilities)", uid)},
 			namespaces...), always...),
 		missing: []string{fmt.Sprintf("uid drop (not root: runs as this user, uid %d)", uid)},
-		sysAttrs: func() *syscall.SysProcAttr {
+		sysAttrs: func(int, int) *syscall.SysProcAttr {
 			return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL,
 				Cloneflags:                 syscall.CLONE_NEWUSER | namespaceFlags,
 				UidMappings:                []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}},
@@ -246,7 +258,7 @@ func (l *Launcher) noneTier() tier {
 		name:    tierNone,
 		applied: []string{measureProcessGroup, measureEmptyEnv},
 		missing: missing,
-		sysAttrs: func() *syscall.SysProcAttr {
+		sysAttrs: func(int, int) *syscall.SysProcAttr {
 			return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		},
 	}
@@ -266,7 +278,7 @@ func (l *Launcher) probe(t tier) error {
 		Path:        filepath.Join(l.root, fmt.Sprintf(".probe-absent-%x", b)),
 		Env:         []string{},
 		Dir:         "/",
-		SysProcAttr: t.sysAttrs(),
+		SysProcAttr: t.sysAttrs(l.uid, l.gid),
 	}
 	cmd.Args = []string{cmd.Path}
 	err := cmd.Start()
@@ -287,8 +299,9 @@ func (l *Launcher) probe(t tier) error {
 }
 
 // prepareWorkRoot creates WorkRoot when absent and checks it. As root the
-// directory must be root's alone (mode 0711 when created here) and the
-// sandbox uid must be able to search every directory on the way to it;
+// directory must be root's alone (mode 0711 when created here) and every
+// directory on the way to it must be searchable by others (the sandbox
+// uids);
 // otherwise the entry could not reach its workspace, and New says which
 // directory to fix rather than changing the operator's directories.
 func (l *Launcher) prepareWorkRoot(dir string) (string, error) {
@@ -334,28 +347,15 @@ func (l *Launcher) prepareWorkRoot(dir string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("localsandbox: WorkRoot: %w", err)
 		}
-		if !l.searchable(fi) {
-			return "", fmt.Errorf("localsandbox: the sandbox uid %d cannot reach WorkRoot %s: directory %s (mode %04o, owner %d) is not searchable by it; allow search (chmod o+x %s) or choose a WorkRoot outside it",
-				l.uid, real, d, fi.Mode().Perm(), fi.Sys().(*syscall.Stat_t).Uid, d)
+		if fi.Mode().Perm()&0o001 == 0 {
+			return "", fmt.Errorf("localsandbox: the sandbox uids cannot reach WorkRoot %s: directory %s (mode %04o) is not searchable by others; allow search (chmod o+x %s) or choose a WorkRoot outside it",
+				real, d, fi.Mode().Perm(), d)
 		}
 		if d == "/" {
 			break
 		}
 	}
 	return real, nil
-}
-
-// searchable reports whether the sandbox uid may search directory fi.
-func (l *Launcher) searchable(fi os.FileInfo) bool {
-	st := fi.Sys().(*syscall.Stat_t)
-	perm := fi.Mode().Perm()
-	switch {
-	case st.Uid == uint32(l.uid):
-		return perm&0o100 != 0
-	case st.Gid == uint32(l.gid):
-		return perm&0o010 != 0
-	}
-	return perm&0o001 != 0
 }
 
 // prepareEntry returns the path of the entry binary to start. As root it

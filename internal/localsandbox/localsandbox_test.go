@@ -479,3 +479,68 @@ func TestNewRemovesStaleWorkspaces(t *testing.T) {
 		}
 	}
 }
+
+// TestEachSandboxHasItsOwnUID runs two sandboxes at once: they get
+// different uids and the second cannot list or read the first's
+// workspace. A uid is given out again only after Cleanup, and when all are
+// taken Launch says so.
+func TestEachSandboxHasItsOwnUID(t *testing.T) {
+	requireRoot(t)
+	api, seen := recordingAPI(t)
+	l, _, _ := newLauncher(t, "", api)
+	first := launch(t, l, testSpec(t, "run_first", "sleep"))
+	select {
+	case <-seen:
+	case <-t.Context().Done():
+		t.Fatal("the first sandbox never reported ready")
+	}
+	second := launch(t, l, testSpec(t, "run_second", "peek "+first.Workspace()))
+	if exit := wait(t, second); exit.ExitCode != 0 {
+		t.Fatalf("second sandbox exited %d: %q", exit.ExitCode, second.OutputTail())
+	}
+	rep := readReport(t, second)
+	if got := procStatus(t, first.PID(), "Uid"); got != "10001 10001 10001 10001" {
+		t.Errorf("first sandbox runs as uid %q, want 10001", got)
+	}
+	if rep.UID != 10002 || rep.GID != 10002 {
+		t.Errorf("second sandbox ran as %d:%d, want 10002:10002", rep.UID, rep.GID)
+	}
+	if len(rep.PeekErrors) != 2 {
+		t.Errorf("second sandbox could list or read the first's workspace (errors: %q)", rep.PeekErrors)
+	}
+	for _, e := range rep.PeekErrors {
+		if !strings.Contains(e, "permission denied") {
+			t.Errorf("peek error %q, want permission denied", e)
+		}
+	}
+
+	if err := first.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	third := launch(t, l, testSpec(t, "run_third", "report 127.0.0.1:1"))
+	wait(t, third)
+	if rep := readReport(t, third); rep.UID != 10001 {
+		t.Errorf("after the first sandbox's Cleanup the next one ran as %d, want its freed uid 10001", rep.UID)
+	}
+
+	one, err := localsandbox.New(localsandbox.Config{EntryPath: testEntry, WorkRoot: filepath.Join(shortTempDir(t), "w"),
+		Internal: api, UID: 20001, GID: 20001, UIDs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	only := launch(t, one, testSpec(t, "run_only", "sleep"))
+	if sb, err := one.Launch(context.Background(), testSpec(t, "run_extra", "sleep")); err == nil {
+		sb.Cleanup()
+		t.Fatal("Launch succeeded with every uid in use")
+	} else if !strings.Contains(err.Error(), "in use") {
+		t.Errorf("Launch with every uid in use = %v, want it to say so", err)
+	}
+	if err := only.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	again := launch(t, one, testSpec(t, "run_again", "report 127.0.0.1:1"))
+	wait(t, again)
+	if rep := readReport(t, again); rep.UID != 20001 {
+		t.Errorf("the freed uid was not given out again: ran as %d", rep.UID)
+	}
+}

@@ -46,7 +46,9 @@ type Sandbox struct {
 	log   *slog.Logger
 	now   func() time.Time
 	owner int // the uid its output files must belong to
-	out   *tailBuffer
+	// releaseUID, when set, returns the sandbox's own uid to the pool.
+	releaseUID func()
+	out        *tailBuffer
 
 	srv *http.Server
 	ln  net.Listener
@@ -116,15 +118,28 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 		out:   newTailBuffer(maxTail, spec.Tokens.Model, spec.Tokens.Events, spec.Tokens.Approvals),
 		done:  make(chan struct{}),
 	}
-	if l.asRoot && l.tier.name != tierNone {
-		s.owner = l.uid
+	uid, gid := l.uid, l.gid
+	if l.tier.dropsUID {
+		off, err := acquireID(l.uid, l.ids)
+		if err != nil {
+			return nil, fmt.Errorf("launch sandbox for run %s: %w", spec.RunID, err)
+		}
+		uid, gid = l.uid+off, l.gid+off
+		s.owner = uid
+		s.releaseUID = func() { releaseID(uid) }
 	}
 	ok := false
 	defer func() {
-		if !ok {
-			if err := s.removeWorkspace(); err != nil {
-				log.Error("remove workspace after failed launch", "workspace", ws, "err", err.Error())
-			}
+		if ok {
+			return
+		}
+		if err := s.removeWorkspace(); err != nil {
+			// The uid stays reserved: files it owns are still there.
+			log.Error("remove workspace after failed launch", "workspace", ws, "err", err.Error())
+			return
+		}
+		if s.releaseUID != nil {
+			s.releaseUID()
 		}
 	}()
 
@@ -141,7 +156,7 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 	if s.owner != os.Geteuid() {
 		chownTo = s.owner
 	}
-	if err := layoutWorkspace(ws, spec, tokens, chownTo, l.gid); err != nil {
+	if err := layoutWorkspace(ws, spec, tokens, chownTo, gid); err != nil {
 		return nil, fmt.Errorf("launch sandbox for run %s: %w", spec.RunID, err)
 	}
 
@@ -156,14 +171,14 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 		Dir:         ws,
 		Stdout:      s.out,
 		Stderr:      s.out,
-		SysProcAttr: l.tier.sysAttrs(),
+		SysProcAttr: l.tier.sysAttrs(uid, gid),
 		WaitDelay:   waitDelay,
 	}
 	if err := s.startAndWatch(); err != nil {
 		return nil, fmt.Errorf("launch sandbox for run %s: start entry: %w", spec.RunID, err)
 	}
 	ok = true
-	log.Info("sandbox started", "pid", s.pid, "workspace", ws, "isolation", l.tier.name)
+	log.Info("sandbox started", "pid", s.pid, "uid", uid, "workspace", ws, "isolation", l.tier.name)
 	return s, nil
 }
 
@@ -354,17 +369,24 @@ func (s *Sandbox) Cleanup() error {
 	if err := s.kill(); err != nil {
 		return fmt.Errorf("clean up sandbox of run %s: %w", s.runID, err)
 	}
+	reaped := true
 	t := time.NewTimer(cleanupKillWait)
 	select {
 	case <-s.done:
 	case <-t.C:
-		s.log.Error("sandbox was not reaped after SIGKILL; removing its workspace anyway", "pid", s.pid)
+		reaped = false
+		s.log.Error("sandbox was not reaped after SIGKILL; removing its workspace anyway, keeping its uid reserved", "pid", s.pid)
 	}
 	t.Stop()
 	if err := s.removeWorkspace(); err != nil {
 		return fmt.Errorf("clean up sandbox of run %s: %w", s.runID, err)
 	}
 	s.cleaned = true
+	// The uid is free again only once nothing of the sandbox is left:
+	// its processes reaped, its files removed.
+	if reaped && s.releaseUID != nil {
+		s.releaseUID()
+	}
 	s.log.Info("sandbox cleaned up")
 	return nil
 }

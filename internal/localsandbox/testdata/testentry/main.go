@@ -12,6 +12,8 @@
 //	oversize      write a transcript one byte over the cap, a patch at it
 //	leak          print the tokens to stderr and exit 3
 //	mess          leave an unsearchable folder behind, then exit 0
+//	peek DIR      try to list DIR and read DIR/spec.json (another sandbox's
+//	              workspace); report the errors
 package main
 
 import (
@@ -47,6 +49,7 @@ type Report struct {
 	APIStatus      int
 	APIError       string
 	Interfaces     []string
+	PeekErrors     []string
 }
 
 // TokenFile is what the entry found of one token file before reading it.
@@ -143,6 +146,13 @@ func run(ws sandbox.Workspace) error {
 			fmt.Fprintf(os.Stderr, "%s is %s\n", name, tok)
 		}
 		os.Exit(3)
+	case "peek":
+		if _, err := os.ReadDir(arg); err != nil {
+			rep.PeekErrors = append(rep.PeekErrors, err.Error())
+		}
+		if _, err := os.ReadFile(filepath.Join(arg, "spec.json")); err != nil {
+			rep.PeekErrors = append(rep.PeekErrors, err.Error())
+		}
 	case "mess":
 		locked := filepath.Join(out, "locked")
 		if err := os.Mkdir(locked, 0o700); err != nil {
