@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -81,7 +80,7 @@ func randomHex(tb testing.TB, n int) string {
 }
 
 // newControlPlane starts a control plane whose internal socket is in dir.
-func newControlPlane(tb testing.TB, dir string, script scriptedmodel.Script) *controlPlane {
+func newControlPlane(tb testing.TB, dir string, script scriptedmodel.Script, opts ...scriptedmodel.Option) *controlPlane {
 	tb.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(tb.TempDir(), "belay.db"), sqlite.Options{})
@@ -98,9 +97,14 @@ func newControlPlane(tb testing.TB, dir string, script scriptedmodel.Script) *co
 		tb.Fatal(err)
 	}
 	cp := &controlPlane{store: st, signer: signer, controlToken: randomHex(tb, 16), logs: &syncBuffer{}}
-	cp.model = scriptedmodel.New(script)
+	cp.model = scriptedmodel.New(script, opts...)
 	modelSrv := httptest.NewServer(cp.model)
-	tb.Cleanup(modelSrv.Close)
+	tb.Cleanup(func() {
+		// A model call may still be waiting on a scripted delay after its
+		// sandbox is gone; end it rather than wait for it.
+		modelSrv.CloseClientConnections()
+		modelSrv.Close()
+	})
 
 	lim := belay.DefaultLimits(testModel)
 	lim.AllowedChecks = append(lim.AllowedChecks, []string{"python3", "-c", "import calc; assert calc.add(2, 3) == 5"})
@@ -235,9 +239,4 @@ func runRequest(policy belay.ApprovalPolicy, timeoutSeconds int) map[string]any 
 		"wallTimeSeconds": 60,
 		"approval":        approval,
 	}
-}
-
-func isConflict(err error) bool {
-	var e *belay.Error
-	return errors.As(err, &e) && e.Code == belay.CodeConflict
 }
