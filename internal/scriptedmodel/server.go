@@ -75,6 +75,10 @@ type Request struct {
 	Messages []Message
 	// Status is the HTTP status answered.
 	Status int
+	// PromptTokens and CompletionTokens are the usage the reply reported
+	// (0 for an error or raw reply).
+	PromptTokens     int64
+	CompletionTokens int64
 }
 
 // Message is one request message, its content flattened to text.
@@ -179,7 +183,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var reply []byte
 	var replyErr error
 	if step.Raw == "" && step.Status == 0 {
-		if reply, replyErr = s.completion(rec, req.Model, body, step); replyErr != nil {
+		if reply, replyErr = s.completion(&rec, req.Model, body, step); replyErr != nil {
 			rec.Status = http.StatusInternalServerError
 		}
 	}
@@ -234,8 +238,9 @@ func (s *Server) record(rec Request) {
 	}
 }
 
-// completion renders step as an OpenAI chat.completion object.
-func (s *Server) completion(rec Request, model string, body []byte, step Step) ([]byte, error) {
+// completion renders step as an OpenAI chat.completion object and notes
+// the usage it reports in rec.
+func (s *Server) completion(rec *Request, model string, body []byte, step Step) ([]byte, error) {
 	type function struct {
 		Name      string `json:"name"`
 		Arguments string `json:"arguments"`
@@ -299,6 +304,7 @@ func (s *Server) completion(rec Request, model string, body []byte, step Step) (
 	}
 	sum := sha256.Sum256(body)
 	prompt, compl := tokens(promptBytes(rec.Messages)), tokens(completionBytes)
+	rec.PromptTokens, rec.CompletionTokens = prompt, compl
 	return json.Marshal(completion{
 		ID:                "chatcmpl-scripted-" + hex.EncodeToString(sum[:8]),
 		Object:            "chat.completion",

@@ -237,7 +237,7 @@ func TestReplyThroughOpenAISDK(t *testing.T) {
 }
 
 func TestUsageIsDeterministic(t *testing.T) {
-	_, hs := startServer(t, loadScript(t, "three-steps.json"))
+	srv, hs := startServer(t, loadScript(t, "three-steps.json"))
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"abcdefgh"}]}`)
 	a := post(t, hs.URL+"/chat/completions", body, nil)
 	b := post(t, hs.URL+"/chat/completions", body, nil)
@@ -249,6 +249,9 @@ func TestUsageIsDeterministic(t *testing.T) {
 	// "read_file" + `{"path":"calc.py"}` = 9 + 18 bytes = 7 tokens.
 	if u.PromptTokens != 3 || u.CompletionTokens != 7 || u.TotalTokens != 10 {
 		t.Errorf("usage = %d + %d = %d, want 3 + 7 = 10", u.PromptTokens, u.CompletionTokens, u.TotalTokens)
+	}
+	if r := srv.Requests()[0]; r.PromptTokens != 3 || r.CompletionTokens != 7 {
+		t.Errorf("recorded usage %d + %d, want 3 + 7", r.PromptTokens, r.CompletionTokens)
 	}
 	longer := post(t, hs.URL+"/chat/completions", []byte(`{"model":"m","messages":[{"role":"user","content":"abcdefgh abcdefgh"}]}`), nil)
 	if decodeCompletion(t, longer.body).Usage.PromptTokens <= u.PromptTokens {
