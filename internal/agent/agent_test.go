@@ -725,3 +725,19 @@ func TestSystemPromptExplainsToolsAndRules(t *testing.T) {
 		t.Error("the loop's finish definition should replace the one from Tools")
 	}
 }
+
+// BenchmarkThreeStepRun measures one whole three-step run over loopback
+// HTTP: the loop's own cost plus the SDK's encoding and the scripted
+// server's answers.
+func BenchmarkThreeStepRun(b *testing.B) {
+	model := scriptedmodel.New(loadScript(b, "three-steps.json"))
+	hs := httptest.NewServer(model)
+	defer hs.Close()
+	for b.Loop() {
+		cfg, _ := baseConfig(b, hs.URL+"/internal/v1")
+		out, err := agent.Run(context.Background(), cfg)
+		if err != nil || out.Reason != agent.ReasonFinished {
+			b.Fatalf("Run = %+v, %v", out, err)
+		}
+	}
+}
