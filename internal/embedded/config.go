@@ -1,0 +1,142 @@
+package embedded
+
+import (
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// The environment variables `belay serve` reads (DESIGN.md "Embedded
+// configuration"). The CLI reads EnvToken and EnvDataDir too, to find the
+// control-plane token.
+const (
+	EnvAddr          = "BELAY_ADDR"
+	EnvDataDir       = "BELAY_DATA_DIR"
+	EnvModel         = "BELAY_MODEL"
+	EnvModelAPIURL   = "BELAY_MODEL_API_URL"
+	EnvModelAPIKey   = "BELAY_MODEL_API_KEY"
+	EnvModelKeyFile  = "BELAY_MODEL_API_KEY_FILE"
+	EnvToken         = "BELAY_TOKEN"
+	EnvSandboxBin    = "BELAY_SANDBOX_BIN"
+	EnvSandboxDir    = "BELAY_SANDBOX_DIR"
+	EnvScriptedModel = "BELAY_SCRIPTED_MODEL"
+)
+
+// Defaults of Config.
+const (
+	DefaultAddr            = "127.0.0.1:8700"
+	DefaultShutdownTimeout = 30 * time.Second
+	// DefaultScriptedModelName is the model a scripted session serves when
+	// no model is configured: a script answers whatever model it is asked.
+	DefaultScriptedModelName = "belay-scripted"
+	// SandboxBinName is the sandbox entry's file name, looked up beside the
+	// running executable and then on PATH.
+	SandboxBinName = "belay-sandbox"
+)
+
+// Names of the files in the data directory.
+const (
+	// ControlTokenFile holds the control-plane token written on first
+	// start (when BELAY_TOKEN is not set), mode 0600.
+	ControlTokenFile = "control-token"
+	// SigningKeyFile holds the HMAC secret of the run tokens, mode 0600.
+	SigningKeyFile = "signing-key"
+	databaseFile   = "belay.db"
+	artifactsDir   = "artifacts"
+	sandboxesDir   = "sandboxes"
+)
+
+// Config is the embedded control plane's configuration: what `belay serve`
+// takes from flags and the environment. Model, and the upstream (URL and
+// key, or ScriptedModel) are required; the rest have defaults.
+type Config struct {
+	// Addr is the listen address; DefaultAddr when empty. Port 0 picks a
+	// free port (see Main.Addr).
+	Addr string
+	// DataDir holds the database, artifacts, token files and, by default,
+	// the sandbox workspaces; DefaultDataDir when empty.
+	DataDir string
+	// Model is the one model runs may use.
+	Model string
+	// ModelAPIURL is the OpenAI-compatible chat-completions endpoint:
+	// https, or plain http to a loopback address.
+	ModelAPIURL string
+	// ModelAPIKey is the provider key, or ModelAPIKeyFile a 0600 file
+	// holding it (re-read when the upstream refuses it). Not both.
+	ModelAPIKey     string
+	ModelAPIKeyFile string
+	// Token is the control-plane token. When empty, the token in
+	// <DataDir>/control-token is used, created on first start.
+	Token string
+	// SandboxBin is the sandbox entry binary; when empty, belay-sandbox
+	// beside the running executable, else on PATH.
+	SandboxBin string
+	// SandboxDir holds one workspace per running sandbox;
+	// <DataDir>/sandboxes when empty. As root, the sandbox user must be
+	// able to search every directory above it.
+	SandboxDir string
+	// Isolation is passed to the local launcher: "auto" (the default) or
+	// "none".
+	Isolation string
+	// EventBufferSize is how many events each run keeps; the store's
+	// default when zero.
+	EventBufferSize int
+	// ShutdownTimeout bounds Close: in-flight requests, then runs in
+	// flight. DefaultShutdownTimeout when zero.
+	ShutdownTimeout time.Duration
+	// Logger receives the control plane's log lines, each with run_id where
+	// a run is concerned and never a token, key, prompt or file content.
+	// Nil discards.
+	Logger *slog.Logger
+	// ScriptedModel is the path of a scripted model session
+	// (internal/scriptedmodel). When set, the control plane serves it
+	// in-process on a loopback listener and uses it as the upstream, for
+	// the offline demo and tests; ModelAPIURL must then be empty, and the
+	// key and model are optional.
+	ScriptedModel string
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Rand is the entropy of the generated token and signing key; nil
+	// means crypto/rand.
+	Rand io.Reader
+}
+
+// ConfigFromEnv reads the BELAY_* variables through lookup (os.LookupEnv in
+// `belay serve`). Unset variables leave their fields empty, for New's
+// defaults; DataDir gets DefaultDataDir's answer.
+func ConfigFromEnv(lookup func(string) (string, bool)) Config {
+	get := func(k string) string {
+		v, _ := lookup(k)
+		return strings.TrimSpace(v)
+	}
+	return Config{
+		Addr:            get(EnvAddr),
+		DataDir:         DefaultDataDir(lookup),
+		Model:           get(EnvModel),
+		ModelAPIURL:     get(EnvModelAPIURL),
+		ModelAPIKey:     get(EnvModelAPIKey),
+		ModelAPIKeyFile: get(EnvModelKeyFile),
+		Token:           get(EnvToken),
+		SandboxBin:      get(EnvSandboxBin),
+		SandboxDir:      get(EnvSandboxDir),
+		ScriptedModel:   get(EnvScriptedModel),
+	}
+}
+
+// DefaultDataDir returns BELAY_DATA_DIR, else $XDG_DATA_HOME/belay, else
+// ~/.local/share/belay, or "" when none of HOME and XDG_DATA_HOME is set.
+// The server and the CLI both call it, so they agree on where the token is.
+func DefaultDataDir(lookup func(string) (string, bool)) string {
+	if v, ok := lookup(EnvDataDir); ok && strings.TrimSpace(v) != "" {
+		return strings.TrimSpace(v)
+	}
+	if v, ok := lookup("XDG_DATA_HOME"); ok && filepath.IsAbs(v) {
+		return filepath.Join(v, "belay")
+	}
+	if v, ok := lookup("HOME"); ok && v != "" {
+		return filepath.Join(v, ".local", "share", "belay")
+	}
+	return ""
+}

@@ -1,0 +1,486 @@
+// Package embedded is belay's one-machine control plane, the composition
+// root of `belay serve`: the same HTTP handler as on AWS, served by a plain
+// http.Server on loopback, over the SQLite store, the artifacts folder, the
+// in-process orchestrator and the local sandbox launcher. Main is what the
+// CLI runs and what end-to-end tests start on port 0 in a temporary
+// directory.
+package embedded
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/localdir"
+	"github.com/belay-dev/belay/internal/localsandbox"
+	"github.com/belay-dev/belay/internal/orchestrator"
+	"github.com/belay-dev/belay/internal/scriptedmodel"
+	"github.com/belay-dev/belay/internal/secrets"
+	"github.com/belay-dev/belay/internal/sqlite"
+	"github.com/belay-dev/belay/internal/token"
+)
+
+// minControlTokenLen is the shortest control-plane token accepted from
+// BELAY_TOKEN; the handler refuses shorter ones too.
+const minControlTokenLen = 16
+
+// sandboxStopGrace lets a sandbox past its wall time exit on its own (and
+// leave its transcript) before it is killed.
+const sandboxStopGrace = 5 * time.Second
+
+// Main is the embedded control plane. New checks the configuration and
+// prepares the data directory; Run serves until its context ends or Close
+// is called. A Main runs once.
+type Main struct {
+	cfg        Config
+	log        *slog.Logger
+	now        func() time.Time
+	token      string
+	tokenFile  string
+	signingKey []byte
+	apiKey     secrets.Source
+	script     *scriptedmodel.Script
+	sandboxBin string
+
+	ready     chan struct{}
+	stop      chan struct{} // closed by Close
+	stopOnce  sync.Once
+	done      chan struct{} // closed when Run has released everything
+	streams   context.Context
+	endStream context.CancelFunc
+
+	mu        sync.Mutex
+	started   bool
+	addr      string
+	isolation []string
+	runErr    error
+}
+
+// New checks cfg, fills in its defaults and prepares the data directory:
+// created 0700 (0711 when, as root, the sandbox workspaces are inside it, so
+// the unprivileged sandbox user can pass through), with a control-plane
+// token in control-token unless cfg.Token is set, and a run-token signing
+// key in signing-key, both 0600 and written on first start only. A missing
+// or invalid setting is an error that names its environment variable.
+func New(cfg Config) (*Main, error) {
+	m := &Main{
+		log:   cfg.Logger,
+		now:   cfg.Now,
+		ready: make(chan struct{}),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = DefaultAddr
+	}
+	if _, _, err := net.SplitHostPort(cfg.Addr); err != nil {
+		return nil, fmt.Errorf("%s (--addr) %q is not host:port: %w", EnvAddr, cfg.Addr, err)
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if cfg.EventBufferSize < 0 {
+		return nil, fmt.Errorf("event buffer size %d is negative", cfg.EventBufferSize)
+	}
+	if err := m.configureUpstream(&cfg); err != nil {
+		return nil, err
+	}
+	if cfg.Token != "" && len(cfg.Token) < minControlTokenLen {
+		return nil, fmt.Errorf("%s is shorter than %d characters; use a long random value (or unset it to have one generated)", EnvToken, minControlTokenLen)
+	}
+	bin, err := findSandboxBin(cfg.SandboxBin, os.Executable, exec.LookPath)
+	if err != nil {
+		return nil, err
+	}
+	m.sandboxBin = bin
+
+	if cfg.DataDir == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return nil, fmt.Errorf("no data directory: set %s (--data-dir): %w", EnvDataDir, err)
+		}
+		cfg.DataDir = filepath.Join(home, ".local", "share", "belay")
+	}
+	if cfg.DataDir, err = filepath.Abs(cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("%s (--data-dir): %w", EnvDataDir, err)
+	}
+	if cfg.SandboxDir == "" {
+		cfg.SandboxDir = filepath.Join(cfg.DataDir, sandboxesDir)
+	}
+	if cfg.SandboxDir, err = filepath.Abs(cfg.SandboxDir); err != nil {
+		return nil, fmt.Errorf("%s (--sandbox-dir): %w", EnvSandboxDir, err)
+	}
+	perm := os.FileMode(0o700)
+	if os.Geteuid() == 0 && strings.HasPrefix(cfg.SandboxDir, cfg.DataDir+string(filepath.Separator)) {
+		perm = 0o711
+	}
+	if err := prepareDataDir(cfg.DataDir, perm); err != nil {
+		return nil, fmt.Errorf("%s (--data-dir): %w", EnvDataDir, err)
+	}
+
+	if cfg.Token != "" {
+		m.token = cfg.Token
+	} else {
+		m.tokenFile = filepath.Join(cfg.DataDir, ControlTokenFile)
+		tok, created, err := loadOrCreateSecret(m.tokenFile, cfg.Rand)
+		if err != nil {
+			return nil, fmt.Errorf("control-plane token: %w", err)
+		}
+		if len(tok) < minControlTokenLen {
+			return nil, fmt.Errorf("control-plane token in %s is shorter than %d characters; remove the file to have a new one written", m.tokenFile, minControlTokenLen)
+		}
+		m.token = tok
+		if created {
+			m.log.Info("wrote a new control-plane token", "path", m.tokenFile)
+		}
+	}
+	keyFile := filepath.Join(cfg.DataDir, SigningKeyFile)
+	keyHex, _, err := loadOrCreateSecret(keyFile, cfg.Rand)
+	if err != nil {
+		return nil, fmt.Errorf("run-token signing key: %w", err)
+	}
+	if m.signingKey, err = hex.DecodeString(keyHex); err != nil || len(m.signingKey) < token.MinSecretLen {
+		return nil, fmt.Errorf("run-token signing key %s must hold at least %d hex-encoded bytes; remove it to have a new one written", keyFile, token.MinSecretLen)
+	}
+	m.cfg = cfg
+	m.streams, m.endStream = context.WithCancel(context.Background())
+	return m, nil
+}
+
+// configureUpstream checks the model, the upstream URL and the provider
+// key, or loads the scripted session that replaces them.
+func (m *Main) configureUpstream(cfg *Config) error {
+	if cfg.ModelAPIKey != "" && cfg.ModelAPIKeyFile != "" {
+		return fmt.Errorf("both %s and %s are set; set one", EnvModelAPIKey, EnvModelKeyFile)
+	}
+	if cfg.ScriptedModel != "" {
+		if cfg.ModelAPIURL != "" {
+			return fmt.Errorf("both %s and %s are set; a scripted session replaces the upstream, so set one", EnvScriptedModel, EnvModelAPIURL)
+		}
+		script, err := scriptedmodel.LoadScript(cfg.ScriptedModel)
+		if err != nil {
+			return fmt.Errorf("%s (--scripted-model): %w", EnvScriptedModel, err)
+		}
+		m.script = &script
+		if cfg.Model == "" {
+			cfg.Model = DefaultScriptedModelName
+		}
+	}
+	if cfg.Model == "" {
+		return fmt.Errorf("%s (--model) is not set: name the one model runs may use", EnvModel)
+	}
+	if m.script != nil {
+		if cfg.ModelAPIKey == "" && cfg.ModelAPIKeyFile == "" {
+			// The scripted server needs no key, but the proxy always
+			// sends one; a fixed, harmless value.
+			cfg.ModelAPIKey = "scripted-model-needs-no-key"
+		}
+	} else {
+		if cfg.ModelAPIURL == "" {
+			return fmt.Errorf("%s (--model-api-url) is not set: give the OpenAI-compatible chat-completions URL (or %s for an offline scripted session)", EnvModelAPIURL, EnvScriptedModel)
+		}
+		if err := httpapi.ValidateUpstreamURL(cfg.ModelAPIURL, true); err != nil {
+			return fmt.Errorf("%s (--model-api-url): %w", EnvModelAPIURL, err)
+		}
+		if cfg.ModelAPIKey == "" && cfg.ModelAPIKeyFile == "" {
+			return fmt.Errorf("no provider key: set %s, or %s (--model-api-key-file) to a 0600 file holding it", EnvModelAPIKey, EnvModelKeyFile)
+		}
+	}
+	if cfg.ModelAPIKeyFile != "" {
+		src := secrets.NewFileSource(cfg.ModelAPIKeyFile)
+		// Read it once now, so a bad file stops the start rather than
+		// the first run.
+		if _, err := src.Fetch(context.Background()); err != nil {
+			return fmt.Errorf("%s (--model-api-key-file): %w", EnvModelKeyFile, err)
+		}
+		m.apiKey = src
+	} else {
+		m.apiKey = secrets.NewStaticSource(cfg.ModelAPIKey)
+	}
+	return nil
+}
+
+// Token returns the control-plane token, for the CLI and tests. It is a
+// secret: never log it.
+func (m *Main) Token() string { return m.token }
+
+// TokenFile returns the file the token was read from or written to, or ""
+// when it came from BELAY_TOKEN.
+func (m *Main) TokenFile() string { return m.tokenFile }
+
+// DataDir returns the data directory in use.
+func (m *Main) DataDir() string { return m.cfg.DataDir }
+
+// Model returns the one model runs may use.
+func (m *Main) Model() string { return m.cfg.Model }
+
+// SandboxBin returns the sandbox entry binary in use.
+func (m *Main) SandboxBin() string { return m.sandboxBin }
+
+// Ready is closed once Run listens (Addr is then set) or has failed.
+func (m *Main) Ready() <-chan struct{} { return m.ready }
+
+// Addr returns the bound listen address once Ready is closed, "" before:
+// with port 0 in Config.Addr, the port the system chose.
+func (m *Main) Addr() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.addr
+}
+
+// Isolation lists the isolation measures applied to every sandbox, once
+// Ready is closed.
+func (m *Main) Isolation() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.isolation...)
+}
+
+// Run opens the store, ends what a previous process left running
+// (orchestrator.Recover), listens and serves until ctx ends or Close is
+// called, then shuts down gracefully (see Close) and returns. It returns nil
+// after a shutdown it was asked for, and an error if it could not start or
+// serving failed.
+func (m *Main) Run(ctx context.Context) (err error) {
+	m.mu.Lock()
+	if m.started {
+		m.mu.Unlock()
+		return errors.New("embedded: Run called twice")
+	}
+	m.started = true
+	m.mu.Unlock()
+	defer close(m.done)
+	readyOnce := sync.OnceFunc(func() { close(m.ready) })
+	defer readyOnce()
+
+	var cleanups []func() error
+	release := func() error {
+		var errs []error
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			errs = append(errs, cleanups[i]())
+		}
+		cleanups = nil
+		return errors.Join(errs...)
+	}
+	defer func() {
+		if rerr := release(); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		m.mu.Lock()
+		m.runErr = err
+		m.mu.Unlock()
+	}()
+	select {
+	case <-m.stop:
+		return errors.New("embedded: closed before Run")
+	default:
+	}
+
+	store, err := sqlite.Open(ctx, filepath.Join(m.cfg.DataDir, databaseFile),
+		sqlite.Options{EventBufferSize: m.cfg.EventBufferSize, Logger: m.log})
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, store.Close)
+	artifacts, err := localdir.New(filepath.Join(m.cfg.DataDir, artifactsDir))
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, artifacts.Close)
+	signer, err := token.NewSigner(m.signingKey, m.now)
+	if err != nil {
+		return fmt.Errorf("run-token signer: %w", err)
+	}
+
+	upstream := httpapi.Upstream{URL: m.cfg.ModelAPIURL, AllowLoopbackHTTP: true}
+	if m.script != nil {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("listen for the scripted model: %w", err)
+		}
+		model := scriptedmodel.New(*m.script, scriptedmodel.WithClock(m.now))
+		served := make(chan error, 1)
+		go func() { served <- model.Serve(ln) }()
+		cleanups = append(cleanups, func() error {
+			_ = ln.Close()
+			return <-served
+		})
+		upstream.URL = "http://" + ln.Addr().String() + "/v1/chat/completions"
+		m.log.Info("serving a scripted model session as the upstream", "script", m.cfg.ScriptedModel, "url", upstream.URL)
+	}
+	keys := secrets.NewCache(m.apiKey, 0, m.now)
+	upstream.Key = keys.Get
+	upstream.OnUnauthorized = keys.Invalidate
+
+	// The launcher serves the handler's internal routes to each sandbox,
+	// the orchestrator drives the launcher, and the handler drives the
+	// orchestrator: the handler is built last and handed to the launcher
+	// through this indirection, before any sandbox can exist.
+	var api *httpapi.Server
+	internal := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		api.InternalHandler().ServeHTTP(w, r)
+	})
+	launcher, err := localsandbox.New(localsandbox.Config{
+		EntryPath: m.sandboxBin,
+		WorkRoot:  m.cfg.SandboxDir,
+		Internal:  internal,
+		Isolation: m.cfg.Isolation,
+		Logger:    m.log,
+		Now:       m.now,
+	})
+	if err != nil {
+		return fmt.Errorf("%w (set %s or --sandbox-dir to move the sandbox workspaces)", err, EnvSandboxDir)
+	}
+	orch, err := orchestrator.New(orchestrator.Config{
+		Store:     store,
+		Artifacts: artifacts,
+		Launcher:  launcher,
+		Signer:    signer,
+		Logger:    m.log,
+		Now:       m.now,
+		StopGrace: sandboxStopGrace,
+	})
+	if err != nil {
+		return err
+	}
+	api, err = httpapi.New(httpapi.Config{
+		Store:         store,
+		Artifacts:     artifacts,
+		Orchestrator:  orch,
+		Signer:        signer,
+		Limits:        belay.DefaultLimits(m.cfg.Model),
+		ControlTokens: []string{m.token},
+		Upstream:      upstream,
+		Logger:        m.log,
+		Now:           m.now,
+	})
+	if err != nil {
+		return err
+	}
+	// From here the orchestrator may run sandboxes; it stops them before
+	// the store closes.
+	cleanups = append(cleanups, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ShutdownTimeout)
+		defer cancel()
+		return orch.Close(ctx)
+	})
+	if err := orch.Recover(ctx); err != nil {
+		// A run that cannot be ended now is logged; the others were.
+		m.log.Error("recover runs left by an earlier start", "err", err)
+	}
+
+	ln, err := net.Listen("tcp", m.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s (%s, --addr): %w", m.cfg.Addr, EnvAddr, err)
+	}
+	srv := &http.Server{
+		Handler:           m.endStreamsOnShutdown(api),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(m.log.Handler(), slog.LevelWarn),
+	}
+	m.mu.Lock()
+	m.addr = ln.Addr().String()
+	m.isolation = launcher.Isolation()
+	m.mu.Unlock()
+	if host, _, _ := net.SplitHostPort(m.addr); !isLoopback(host) {
+		m.log.Warn("listening beyond loopback over plain HTTP: the control-plane token crosses the network in clear; put TLS in front", "addr", m.addr)
+	}
+	m.log.Info("belay control plane listening", "addr", m.addr, "data_dir", m.cfg.DataDir, "model", m.cfg.Model)
+	readyOnce()
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		// Serve only returns on its own when accepting fails.
+		_ = srv.Close()
+		return fmt.Errorf("serve on %s: %w", m.addr, err)
+	case <-ctx.Done():
+	case <-m.stop:
+	}
+	return m.shutdown(srv, served)
+}
+
+// shutdown stops accepting, ends event streams (their readers resume with
+// Last-Event-ID), and waits for every other in-flight request to finish.
+// Run's deferred release then closes the orchestrator and the stores.
+func (m *Main) shutdown(srv *http.Server, served <-chan error) error {
+	m.log.Info("shutting down: finishing in-flight requests and runs")
+	m.endStream()
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ShutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(ctx)
+	if err != nil {
+		_ = srv.Close()
+		err = fmt.Errorf("requests still in flight after %v: %w", m.cfg.ShutdownTimeout, err)
+	}
+	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}
+
+// endStreamsOnShutdown gives every event read a context that also ends at
+// shutdown. An SSE stream only ends at its run's terminal event, so without
+// this a graceful shutdown would wait for every followed run to finish.
+func (m *Main) endStreamsOnShutdown(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/events") {
+			ctx, cancel := context.WithCancel(r.Context())
+			defer cancel()
+			stop := context.AfterFunc(m.streams, cancel)
+			defer stop()
+			r = r.WithContext(ctx)
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Close shuts the control plane down gracefully and waits until it has: it
+// stops accepting connections, ends event streams, lets every other
+// in-flight request finish, then closes the orchestrator (runs in flight
+// are stopped and recorded as failed, "control plane shutting down"; queued
+// runs stay queued for the next start), and closes the stores. Each stage
+// is bounded by ShutdownTimeout. It returns Run's error, if any; calling it
+// again returns the same.
+func (m *Main) Close() error {
+	m.stopOnce.Do(func() { close(m.stop) })
+	m.mu.Lock()
+	started := m.started
+	m.mu.Unlock()
+	if !started {
+		return nil
+	}
+	<-m.done
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.runErr
+}
+
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
