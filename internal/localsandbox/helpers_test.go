@@ -31,6 +31,7 @@ type report struct {
 	UID, EUID, GID int
 	Groups         []int
 	PID            int
+	SID            int
 	Cwd            string
 	Args           []string
 	Env            []string

@@ -38,7 +38,7 @@ const namespaceFlags = syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLON
 
 // The isolation measures, as Isolation reports them.
 const (
-	measureProcessGroup = "own process group, killed with everything it started, and by the kernel if belay dies"
+	measureProcessGroup = "own session and process group (no controlling terminal), killed with everything it started, and by the kernel if belay dies"
 	measureEmptyEnv     = "empty environment (no token, no provider key, nothing from belay's environment)"
 	measurePIDNS        = "PID namespace"
 	measureMountNS      = "mount namespace"
@@ -48,6 +48,10 @@ const (
 )
 
 // tier is one isolation setting the launcher may apply, strongest first.
+// Every tier starts the entry with Setsid rather than only Setpgid: a new
+// session is also a new process group (killed as one by Stop), and it has
+// no controlling terminal, so a sandbox cannot open belay's terminal
+// through /dev/tty and push keystrokes into it (TIOCSTI).
 type tier struct {
 	name    string
 	applied []string
@@ -215,7 +219,7 @@ func (l *Launcher) autoTiers() []tier {
 				applied:  append(append([]string{uidDrop}, namespaces...), always...),
 				dropsUID: true,
 				sysAttrs: func(uid, gid int) *syscall.SysProcAttr {
-					return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL,
+					return &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL,
 						Credential: cred(uid, gid), Cloneflags: namespaceFlags}
 				},
 			},
@@ -225,7 +229,7 @@ func (l *Launcher) autoTiers() []tier {
 				missing:  namespaces,
 				dropsUID: true,
 				sysAttrs: func(uid, gid int) *syscall.SysProcAttr {
-					return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred(uid, gid)}
+					return &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL, Credential: cred(uid, gid)}
 				},
 			},
 		}
@@ -237,7 +241,7 @@ func (l *Launcher) autoTiers() []tier {
 			namespaces...), always...),
 		missing: []string{fmt.Sprintf("uid drop (not root: runs as this user, uid %d)", uid)},
 		sysAttrs: func(int, int) *syscall.SysProcAttr {
-			return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL,
+			return &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL,
 				Cloneflags:                 syscall.CLONE_NEWUSER | namespaceFlags,
 				UidMappings:                []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}},
 				GidMappings:                []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}},
@@ -259,7 +263,7 @@ func (l *Launcher) noneTier() tier {
 		applied: []string{measureProcessGroup, measureEmptyEnv},
 		missing: missing,
 		sysAttrs: func(int, int) *syscall.SysProcAttr {
-			return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+			return &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 		},
 	}
 }

@@ -72,6 +72,9 @@ func TestLaunchIsolatesTheEntry(t *testing.T) {
 			if want := []string{testEntryPathFor(l, sb), "--workspace", sb.Workspace()}; len(rep.Args) != 3 || rep.Args[1] != want[1] || rep.Args[2] != want[2] {
 				t.Errorf("entry argv = %q, want [entry --workspace %s]", rep.Args, sb.Workspace())
 			}
+			if rep.SID != rep.PID {
+				t.Errorf("entry is in session %d, want a session of its own (%d): without one it shares belay's terminal", rep.SID, rep.PID)
+			}
 			if rep.Cwd != sb.Workspace() {
 				t.Errorf("entry working directory = %s, want the workspace %s", rep.Cwd, sb.Workspace())
 			}

@@ -31,6 +31,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/sandbox"
 )
@@ -40,6 +42,7 @@ type Report struct {
 	UID, EUID, GID int
 	Groups         []int
 	PID            int
+	SID            int
 	Cwd            string
 	Args           []string
 	Env            []string
@@ -78,6 +81,7 @@ func run(ws sandbox.Workspace) error {
 		Args: os.Args, Env: os.Environ(), TokenFiles: map[string]TokenFile{},
 	}
 	rep.Groups, _ = os.Getgroups()
+	rep.SID, _ = unix.Getsid(0)
 	rep.Cwd, _ = os.Getwd()
 	tokens := map[string]string{}
 	for _, name := range []string{sandbox.ModelTokenFile, sandbox.EventsTokenFile, sandbox.ApprovalsTokenFile} {
