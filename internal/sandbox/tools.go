@@ -51,7 +51,6 @@ const (
 	ToolSearch    = "search"
 	ToolRunCheck  = "run_check"
 	ToolShell     = "shell"
-	ToolFinish    = "finish"
 )
 
 // EventEmitter receives the events the tools produce (check.finished). It
@@ -95,7 +94,8 @@ type ToolsConfig struct {
 	Logger     *slog.Logger
 }
 
-// Tools are the agent's tools for one run (DESIGN.md "The agent's tools").
+// Tools are the agent's tools for one run (DESIGN.md "The agent's tools"),
+// all but finish, which the agent loop handles itself (agent.FinishTool).
 // They treat every argument as untrusted: a call that the sandbox does not
 // allow comes back as an error result the model can read, and never as an
 // approval question. Calls are serialised.
@@ -104,10 +104,8 @@ type Tools struct {
 	repo *repoFS
 	root *os.Root
 
-	mu              sync.Mutex
-	shellSession    bool
-	finishedSummary string
-	finished        bool
+	mu           sync.Mutex
+	shellSession bool
 }
 
 // NewTools opens the repository for the tools. Close releases it.
@@ -139,13 +137,6 @@ func NewTools(cfg ToolsConfig) (*Tools, error) {
 // Close releases the repository.
 func (t *Tools) Close() error {
 	return errors.Join(t.repo.Close(), t.root.Close())
-}
-
-// Finished reports whether the model called finish, and its summary.
-func (t *Tools) Finished() (summary string, ok bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.finishedSummary, t.finished
 }
 
 // toolSpec is one tool as the model sees it.
@@ -200,8 +191,6 @@ func (t *Tools) specs() []toolSpec {
 			})},
 		{ToolShell, "Run a shell command in the repository (no network, no secrets, 60 s at most). It needs approval under the run's policy and may be denied.",
 			objectSchema([]string{"command"}, map[string]any{"command": stringProp("The command line, run with /bin/sh -c.")})},
-		{ToolFinish, "Say that the task is done, with a short summary of what changed and why. Call it once, at the end.",
-			objectSchema([]string{"summary"}, map[string]any{"summary": stringProp("What was changed and why.")})},
 	}
 }
 
@@ -236,8 +225,6 @@ func (t *Tools) Call(ctx context.Context, name string, args json.RawMessage) (re
 		out, err = t.runCheck(ctx, args)
 	case ToolShell:
 		out, err = t.shell(ctx, args)
-	case ToolFinish:
-		out, err = t.finish(args)
 	default:
 		names := make([]string, 0, 8)
 		for _, s := range t.specs() {
@@ -698,20 +685,6 @@ func (t *Tools) shell(ctx context.Context, args json.RawMessage) (string, error)
 	}
 	t.record(ToolShell, argv, res)
 	return commandResultText(res), nil
-}
-
-func (t *Tools) finish(args json.RawMessage) (string, error) {
-	var a struct {
-		Summary string `json:"summary"`
-	}
-	if err := decodeArgs(args, &a); err != nil {
-		return "", err
-	}
-	if strings.TrimSpace(a.Summary) == "" {
-		return "", toolError("summary is required: say what was changed and why")
-	}
-	t.finished, t.finishedSummary = true, a.Summary
-	return "finished", nil
 }
 
 // truncate cuts s to at most n bytes on a rune boundary, marking the cut.

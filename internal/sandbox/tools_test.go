@@ -405,22 +405,28 @@ func TestShellWithoutApprovalsIsDenied(t *testing.T) {
 	}
 }
 
-func TestUnknownToolAndFinish(t *testing.T) {
+func TestUnknownTool(t *testing.T) {
 	w := newWorkspace(t, testFiles)
 	tools := newTools(t, w, nil)
-	if out, isErr := call(t, tools, "rm_rf", map[string]string{}); !isErr || !strings.Contains(out, "unknown tool") {
-		t.Errorf("unknown tool: %q, %v", out, isErr)
+	for _, name := range []string{"rm_rf", "finish", ""} {
+		if out, isErr := call(t, tools, name, map[string]string{}); !isErr || !strings.Contains(out, "unknown tool") {
+			t.Errorf("tool %q: %q, %v", name, out, isErr)
+		}
 	}
-	if out, isErr := call(t, tools, sandbox.ToolFinish, map[string]string{"summary": " "}); !isErr {
-		t.Errorf("finish with a blank summary: %q", out)
+}
+
+func TestDefinitionsOfferEveryToolButFinish(t *testing.T) {
+	w := newWorkspace(t, testFiles)
+	tools := newTools(t, w, nil)
+	var names []string
+	for _, d := range tools.Definitions() {
+		names = append(names, d.Name)
+		if d.Description == "" || d.Parameters["type"] != "object" {
+			t.Errorf("tool %s: description %q, parameters %v", d.Name, d.Description, d.Parameters)
+		}
 	}
-	if _, ok := tools.Finished(); ok {
-		t.Error("finished after a refused finish")
-	}
-	if out, isErr := call(t, tools, sandbox.ToolFinish, map[string]string{"summary": "fixed add"}); isErr {
-		t.Fatal(out)
-	}
-	if s, ok := tools.Finished(); !ok || s != "fixed add" {
-		t.Errorf("Finished() = %q, %v", s, ok)
+	want := []string{"list_files", "read_file", "write_file", "edit_file", "search", "run_check", "shell"}
+	if strings.Join(names, " ") != strings.Join(want, " ") {
+		t.Errorf("tools %q, want %q (finish is the agent loop's)", names, want)
 	}
 }

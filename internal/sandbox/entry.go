@@ -1,0 +1,287 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/belay-dev/belay/internal/agent"
+	"github.com/belay-dev/belay/internal/belay"
+)
+
+// Reasons a bundle gives for a failed run, besides the agent's own
+// ("max_steps", "budget_exhausted", "run_inactive", "model_error").
+const (
+	ReasonChecksFailed  = "checks_failed"
+	ReasonWallTime      = "wall_time_exceeded"
+	ReasonTerminated    = "terminated"
+	ReasonAgentError    = "agent_error"
+	ReasonRunInactive   = agent.ReasonRunInactive
+	ReasonPatchTooLarge = "patch_too_large"
+)
+
+const (
+	// notRunExitCode is a check's exit code when it did not run: the run
+	// was stopping, or its wall time was used up.
+	notRunExitCode = -1
+	// finalizeTimeout bounds committing and diffing after the loop, which
+	// happens even when the run is stopping.
+	finalizeTimeout = 30 * time.Second
+	// eventsCloseTimeout bounds delivering the last events.
+	eventsCloseTimeout = 5 * time.Second
+	// maxCheckReserve caps the part of the wall time kept from the agent
+	// loop for the final checks (a quarter of it, at most this).
+	maxCheckReserve = 60 * time.Second
+)
+
+// Main is the sandbox entry, run by belay-sandbox for the workspace at
+// workspace (DESIGN.md "Sandbox workspace layout"). It hardens the process,
+// takes the tokens, builds the repository, runs the agent loop and the
+// checks, and writes out/result.json, out/patch.diff and
+// out/transcript.jsonl. It returns the process's exit code: 0 when the
+// bundle was written (whatever the run's outcome, which the bundle
+// reports), 1 with a line on stderr when it could not be. When ctx ends
+// (SIGTERM) the agent loop stops and the bundle is still written.
+func Main(ctx context.Context, workspace string) int {
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	e := &entry{ws: Workspace(workspace), now: time.Now, rand: rand.Reader, log: logger}
+	if err := e.run(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "belay-sandbox: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+type entry struct {
+	ws   Workspace
+	now  func() time.Time
+	rand io.Reader
+	log  *slog.Logger
+}
+
+func (e *entry) run(ctx context.Context) error {
+	start := e.now()
+	if err := Harden(); err != nil {
+		return err
+	}
+	var tokens belay.SandboxTokens
+	for _, t := range []struct {
+		name string
+		dst  *string
+	}{{ModelTokenFile, &tokens.Model}, {EventsTokenFile, &tokens.Events}, {ApprovalsTokenFile, &tokens.Approvals}} {
+		tok, err := ReadTokenFile(e.ws.TokensDir(), t.name)
+		if err != nil {
+			return err
+		}
+		*t.dst = tok
+	}
+	spec, err := ReadSpec(e.ws.SpecPath())
+	if err != nil {
+		return err
+	}
+	log := e.log.With("run_id", spec.RunID)
+	deadline := start.Add(time.Duration(spec.WallTimeSeconds) * time.Second)
+
+	for _, d := range []string{e.ws.OutDir(), e.ws.HomeDir()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("workspace: %w", err)
+		}
+	}
+	transcriptFile, err := createOutFile(filepath.Join(e.ws.OutDir(), "transcript.jsonl"))
+	if err != nil {
+		return err
+	}
+	defer transcriptFile.Close()
+	transcript := newTranscriptWriter(transcriptFile, belay.MaxArtifactBytes, e.now)
+
+	git := Git{Dir: e.ws.RepoDir(), Home: e.ws.HomeDir()}
+	base, err := BuildRepo(ctx, git, spec.Files)
+	if err != nil {
+		return err
+	}
+	log.Info("repository built", "base_commit", base, "files", len(spec.Files))
+
+	client := NewAPIClient(spec.APISocket)
+	events, err := NewEventClient(EventsConfig{
+		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Token: tokens.Events,
+		Now: e.now, Rand: e.rand, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventsCloseTimeout)
+		defer cancel()
+		if err := events.Close(cctx); err != nil {
+			log.Warn("events not all delivered", "err", err)
+		}
+	}()
+	approvals := NewApprovalClient(ApprovalsConfig{
+		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Token: tokens.Approvals,
+		Timeout: time.Duration(spec.Approval.TimeoutSeconds) * time.Second, Now: e.now, Logger: log,
+	})
+	tools, err := NewTools(ToolsConfig{
+		RepoDir: git.Dir, HomeDir: git.Home, AllowedPaths: spec.AllowedPaths, Checks: spec.Checks,
+		Deadline: deadline, Approvals: approvals, Events: events, Transcript: transcript, Now: e.now, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer tools.Close()
+	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base, "files": len(spec.Files)})
+
+	// The agent gets the wall time less a reserve for the final checks.
+	wall := time.Duration(spec.WallTimeSeconds) * time.Second
+	agentCtx, cancelAgent := context.WithDeadline(ctx, deadline.Add(-min(wall/4, maxCheckReserve)))
+	defer cancelAgent()
+	var runOver atomic.Bool
+	go func() {
+		select {
+		case <-events.Stopped():
+			runOver.Store(true)
+			log.Info("the control plane says the run is over; stopping the agent")
+			cancelAgent()
+		case <-agentCtx.Done():
+		}
+	}()
+	outcome, agentErr := agent.Run(agentCtx, agent.Config{
+		BaseURL:     strings.TrimSuffix(spec.APIBaseURL, "/") + "/internal/v1",
+		HTTPClient:  client,
+		Token:       tokens.Model,
+		Model:       spec.Model,
+		Instruction: spec.Instruction,
+		MaxSteps:    spec.MaxSteps,
+		Tools:       tools,
+		Events:      events,
+		Transcript:  transcript,
+		Logger:      log,
+	})
+	cancelAgent()
+	reason := agentReason(outcome, agentErr, ctx, agentCtx, runOver.Load())
+	if agentErr != nil {
+		log.Warn("agent loop ended with an error", "reason", reason, "err", agentErr)
+	}
+	log.Info("agent loop ended", "reason", reason, "steps", outcome.Steps)
+
+	// The final checks run unless the run is being stopped.
+	stopping := ctx.Err() != nil || runOver.Load()
+	checks := make([]belay.CheckResult, len(spec.Checks))
+	allPassed := true
+	for i, argv := range spec.Checks {
+		checks[i] = e.finalCheck(ctx, git, argv, deadline, stopping, events, transcript)
+		allPassed = allPassed && checks[i].ExitCode == 0
+	}
+
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalizeTimeout)
+	defer cancel()
+	head, discarded, err := git.CommitAllowed(fctx, base, spec.AllowedPaths, "belay: agent changes")
+	if err != nil {
+		return err
+	}
+	if len(discarded) > 0 {
+		log.Warn("changes outside the allowed paths were left out of the patch", "paths", len(discarded))
+		writeTranscriptLine(transcript, e.now, map[string]any{"type": "changes.discarded", "paths": discarded,
+			"note": "changed paths outside allowedPaths, or not regular files, are not part of the patch"})
+	}
+	patch, err := git.Diff(fctx, base, head)
+	if err != nil {
+		return err
+	}
+	changed, err := git.ChangedFiles(fctx, base, head)
+	if err != nil {
+		return err
+	}
+
+	bundle := belay.ResultBundle{
+		Version: belay.ResultBundleVersion, RunID: spec.RunID,
+		Summary:      truncateBytes(outcome.Summary, belay.MaxSummaryBytes),
+		ChangedFiles: changed, Checks: checks, Usage: outcome.Usage,
+		BaseCommit: base, HeadCommit: head,
+	}
+	switch {
+	case len(patch) > belay.MaxArtifactBytes:
+		bundle.Reason = ReasonPatchTooLarge
+		patch = nil
+	case reason != agent.ReasonFinished:
+		bundle.Reason = reason
+	case !allPassed:
+		bundle.Reason = ReasonChecksFailed
+	}
+	if bundle.Reason == "" {
+		bundle.Status, bundle.ExitCode = belay.StatusCompleted, 0
+	} else {
+		bundle.Status, bundle.ExitCode = belay.StatusFailed, 1
+	}
+	if err := writeOutFile(filepath.Join(e.ws.OutDir(), "patch.diff"), patch); err != nil {
+		return err
+	}
+	if err := transcriptFile.Sync(); err != nil {
+		return fmt.Errorf("write transcript: %w", err)
+	}
+	result, err := json.MarshalIndent(bundle, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	// result.json is written last: its presence means the bundle is whole.
+	if err := writeOutFile(filepath.Join(e.ws.OutDir(), "result.json"), append(result, '\n')); err != nil {
+		return err
+	}
+	log.Info("result written", "status", bundle.Status, "reason", bundle.Reason, "changed_files", len(changed))
+	return nil
+}
+
+// agentReason names how the agent loop ended, in the bundle's terms.
+func agentReason(o agent.Outcome, err error, ctx, agentCtx context.Context, runOver bool) string {
+	switch {
+	case runOver:
+		return ReasonRunInactive
+	case ctx.Err() != nil:
+		return ReasonTerminated
+	case o.Finished && err == nil:
+		return agent.ReasonFinished
+	case errors.Is(agentCtx.Err(), context.DeadlineExceeded):
+		// Whatever the loop made of it (a failed model call, say), the
+		// cause was the clock.
+		return ReasonWallTime
+	case o.Reason != "" && o.Reason != agent.ReasonFinished:
+		return o.Reason
+	}
+	return ReasonAgentError
+}
+
+// finalCheck runs one of the run's checks after the agent loop, or records
+// why it did not run.
+func (e *entry) finalCheck(ctx context.Context, git Git, argv []string, deadline time.Time, stopping bool, events EventEmitter, transcript io.Writer) belay.CheckResult {
+	cr := belay.CheckResult{Argv: argv, ExitCode: notRunExitCode}
+	left := deadline.Sub(e.now())
+	switch {
+	case stopping:
+		cr.OutputTail = "[belay: not run: the run is stopping]"
+		return cr
+	case left <= 0:
+		cr.OutputTail = "[belay: not run: the run's wall time is used up]"
+		return cr
+	}
+	res, err := RunCommand(ctx, Command{Argv: argv, Dir: git.Dir, Env: CleanEnv(git.Home), Timeout: min(DefaultCheckTimeout, left)})
+	if err != nil {
+		cr.OutputTail = "[belay: not run: " + err.Error() + "]"
+		return cr
+	}
+	cr.ExitCode, cr.DurationMs, cr.OutputTail = res.ExitCode, res.Duration.Milliseconds(), res.Tail(ResultTailBytes)
+	events.Emit(belay.EventCheckFinished, CheckFinished{Argv: argv, ExitCode: res.ExitCode, DurationMs: cr.DurationMs, TimedOut: res.TimedOut, Final: true})
+	writeTranscriptLine(transcript, e.now, commandRecord{
+		Type: "command", Time: e.now().UTC().Format(time.RFC3339Nano), Tool: "final_check", Argv: argv,
+		ExitCode: res.ExitCode, DurationMs: cr.DurationMs, TimedOut: res.TimedOut, Interrupted: res.Interrupted,
+		OutputBytes: res.OutputBytes, Output: res.Tail(TranscriptTailBytes),
+	})
+	return cr
+}
