@@ -11,6 +11,13 @@ import (
 // testEntry is the test entry program (testdata/testentry), built once.
 var testEntry string
 
+// realEntry is the sandbox entry built from ./sandbox-task, and
+// realEntryErr why it could not be built.
+var (
+	realEntry    string
+	realEntryErr error
+)
+
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(helperEnv); mode != "" {
 		os.Exit(runHelper(mode))
@@ -32,6 +39,9 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
+		// Only the test that runs it fails when it does not build.
+		realEntry = filepath.Join(dir, "belay-sandbox")
+		realEntryErr = goBuild(realEntry, realEntryPkg)
 		return m.Run()
 	}()
 	os.Exit(code)
