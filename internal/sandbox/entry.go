@@ -129,9 +129,13 @@ func (e *entry) run(ctx context.Context) error {
 		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Token: tokens.Approvals,
 		Timeout: time.Duration(spec.Approval.TimeoutSeconds) * time.Second, Now: e.now, Logger: log,
 	})
+	// The agent loop gets the wall time less a reserve for the final checks;
+	// the commands it runs end by the same moment.
+	wall := time.Duration(spec.WallTimeSeconds) * time.Second
+	agentDeadline := deadline.Add(-min(wall/4, maxCheckReserve))
 	tools, err := NewTools(ToolsConfig{
 		RepoDir: git.Dir, HomeDir: git.Home, AllowedPaths: spec.AllowedPaths, Checks: spec.Checks,
-		Deadline: deadline, Approvals: approvals, Events: events, Transcript: transcript, Now: e.now, Logger: log,
+		Deadline: agentDeadline, Approvals: approvals, Events: events, Transcript: transcript, Now: e.now, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -139,9 +143,7 @@ func (e *entry) run(ctx context.Context) error {
 	defer tools.Close()
 	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base, "files": len(spec.Files)})
 
-	// The agent gets the wall time less a reserve for the final checks.
-	wall := time.Duration(spec.WallTimeSeconds) * time.Second
-	agentCtx, cancelAgent := context.WithDeadline(ctx, deadline.Add(-min(wall/4, maxCheckReserve)))
+	agentCtx, cancelAgent := context.WithDeadline(ctx, agentDeadline)
 	defer cancelAgent()
 	var runOver atomic.Bool
 	go func() {
@@ -166,24 +168,33 @@ func (e *entry) run(ctx context.Context) error {
 		Logger:      log,
 	})
 	cancelAgent()
-	reason := agentReason(outcome, agentErr, ctx, agentCtx, runOver.Load())
+	reason := agentReason(outcome, agentErr, runOver.Load(), ctx.Err() != nil,
+		errors.Is(agentCtx.Err(), context.DeadlineExceeded))
 	if agentErr != nil {
 		log.Warn("agent loop ended with an error", "reason", reason, "err", agentErr)
 	}
-	log.Info("agent loop ended", "reason", reason, "steps", outcome.Steps)
+	log.Info("agent outcome", "reason", reason, "steps", outcome.Steps)
 
 	// The final checks run unless the run is being stopped.
 	stopping := ctx.Err() != nil || runOver.Load()
 	checks := make([]belay.CheckResult, len(spec.Checks))
-	allPassed := true
 	for i, argv := range spec.Checks {
 		checks[i] = e.finalCheck(ctx, git, argv, deadline, stopping, events, transcript)
-		allPassed = allPassed && checks[i].ExitCode == 0
 	}
 
+	// The bundle is written even when the run is stopping: what the agent
+	// did so far is worth keeping.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalizeTimeout)
 	defer cancel()
-	head, discarded, err := git.CommitAllowed(fctx, base, spec.AllowedPaths, "belay: agent changes")
+	return e.writeBundle(fctx, log, spec, git, base, outcome, reason, checks, transcript, transcriptFile)
+}
+
+// writeBundle commits the agent's allowed changes as the head commit and
+// writes out/patch.diff and then out/result.json. The run completed only
+// if the agent finished and every check exited 0.
+func (e *entry) writeBundle(ctx context.Context, log *slog.Logger, spec belay.SandboxSpec, git Git, base string,
+	outcome agent.Outcome, reason string, checks []belay.CheckResult, transcript io.Writer, transcriptFile *os.File) error {
+	head, discarded, err := git.CommitAllowed(ctx, base, spec.AllowedPaths, "belay: agent changes")
 	if err != nil {
 		return err
 	}
@@ -192,15 +203,19 @@ func (e *entry) run(ctx context.Context) error {
 		writeTranscriptLine(transcript, e.now, map[string]any{"type": "changes.discarded", "paths": discarded,
 			"note": "changed paths outside allowedPaths, or not regular files, are not part of the patch"})
 	}
-	patch, err := git.Diff(fctx, base, head)
+	patch, err := git.Diff(ctx, base, head)
 	if err != nil {
 		return err
 	}
-	changed, err := git.ChangedFiles(fctx, base, head)
+	changed, err := git.ChangedFiles(ctx, base, head)
 	if err != nil {
 		return err
 	}
 
+	allPassed := true
+	for _, c := range checks {
+		allPassed = allPassed && c.ExitCode == 0
+	}
 	bundle := belay.ResultBundle{
 		Version: belay.ResultBundleVersion, RunID: spec.RunID,
 		Summary:      truncateBytes(outcome.Summary, belay.MaxSummaryBytes),
@@ -209,8 +224,10 @@ func (e *entry) run(ctx context.Context) error {
 	}
 	switch {
 	case len(patch) > belay.MaxArtifactBytes:
+		// No artifact may be that large; report the run failed, with no
+		// patch rather than a cut one.
 		bundle.Reason = ReasonPatchTooLarge
-		patch = nil
+		patch, bundle.ChangedFiles = nil, []string{}
 	case reason != agent.ReasonFinished:
 		bundle.Reason = reason
 	case !allPassed:
@@ -239,20 +256,22 @@ func (e *entry) run(ctx context.Context) error {
 	return nil
 }
 
-// agentReason names how the agent loop ended, in the bundle's terms.
-func agentReason(o agent.Outcome, err error, ctx, agentCtx context.Context, runOver bool) string {
+// agentReason names how the agent loop ended, in the bundle's terms. The
+// entry's own view comes first: a loop that ended because the control plane
+// said the run is over, because of SIGTERM, or because the wall time was up
+// reports that, whatever the loop made of it (a refused or failed model
+// call, say).
+func agentReason(o agent.Outcome, err error, runOver, terminated, wallTimeUp bool) string {
 	switch {
 	case runOver:
 		return ReasonRunInactive
-	case ctx.Err() != nil:
+	case terminated:
 		return ReasonTerminated
 	case o.Finished && err == nil:
 		return agent.ReasonFinished
-	case errors.Is(agentCtx.Err(), context.DeadlineExceeded):
-		// Whatever the loop made of it (a failed model call, say), the
-		// cause was the clock.
+	case wallTimeUp:
 		return ReasonWallTime
-	case o.Reason != "" && o.Reason != agent.ReasonFinished:
+	case err == nil && o.Reason != "" && o.Reason != agent.ReasonFinished:
 		return o.Reason
 	}
 	return ReasonAgentError
