@@ -6,10 +6,13 @@
 // sandbox entry expects (spec.json, tokens/, out/, home/, api.sock; see
 // DESIGN.md "Sandbox entry"), an HTTP server for the control plane's
 // internal routes on a Unix socket inside that workspace, and the entry
-// binary started with an empty environment, in its own process group, and
-// killed by the kernel if belay dies. Running as root it also drops to an
-// unprivileged uid with no supplementary groups and puts the entry in new
-// PID, mount, network, IPC and UTS namespaces: a new network namespace has
+// binary started with an empty environment, in a session and process group
+// of its own (no controlling terminal), and killed by the kernel if belay
+// dies. Running as root it also drops to an unprivileged uid of its own
+// (one per running sandbox, from a configured range, so sandboxes cannot
+// reach each other's files) with no supplementary groups, and puts the
+// entry in new PID, mount, network, IPC and UTS namespaces: a new network
+// namespace has
 // only a loopback interface that is down, so the sandbox has no network at
 // all and reaches the control plane only through the socket. Without root
 // it tries an unprivileged user namespace for the same effect and, when the
