@@ -12,12 +12,18 @@
 // (one per running sandbox, from a configured range, so sandboxes cannot
 // reach each other's files) with no supplementary groups, and puts the
 // entry in new PID, mount, network, IPC and UTS namespaces: a new network
-// namespace has
-// only a loopback interface that is down, so the sandbox has no network at
-// all and reaches the control plane only through the socket. Without root
+// namespace has only a loopback interface that is down, so the sandbox has
+// no network at all and reaches the control plane only through the socket.
+// The sandbox still sees the machine's /proc and file system (read-only to
+// it where permissions say so): a plain exec cannot mount a fresh /proc or
+// pivot the root before the entry starts. Without root
 // it tries an unprivileged user namespace for the same effect and, when the
 // kernel refuses, runs the entry as the current user and says so plainly in
 // a log line and in Launcher.Isolation.
+//
+// Because the Internal handler is usually built after the orchestrator,
+// which needs the launcher, callers typically pass a handler that forwards
+// to the API server once it exists (see the real-entry test).
 //
 // Nothing the sandbox leaves behind is trusted: its output files are read
 // without following symbolic links, only as regular files owned by the
