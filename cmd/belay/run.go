@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/httpapi"
+)
+
+const runDoc = `Uploads the text files under DIR and asks belay to run the agent on them:
+the agent follows the instruction, may change only the --allow paths, and
+its change is proved by the --check commands.
+
+Files: regular files with an allowed text extension (.py, .md, .json, ...),
+each at most 64 KiB. Skipped with a message: symbolic links, and files over
+the limit. Skipped silently: the .git directory and every other directory
+whose name starts with a dot, __pycache__ and node_modules, and files with
+other extensions or that are not UTF-8 text.
+
+A --check is split on spaces into an argv: no shell is involved, so quotes,
+pipes, globs and variables have no special meaning. It must equal one of the
+server's allowed checks, for example "python3 -m pytest -q".
+
+It prints the run id. With --follow it then prints the run's events live and,
+at the end, the outcome, the check results and the patch; it exits 0 only if
+the run completed.`
+
+// skippedDirs are directories never uploaded: tool caches and dependencies.
+var skippedDirs = map[string]bool{"__pycache__": true, "node_modules": true}
+
+// cmdRun runs `belay run DIR ...`.
+func cmdRun(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "run", "DIR --instruction TEXT --allow PATH... --check CMD... [flags]", runDoc)
+	instruction := fs.String("instruction", "", "what the agent should do (required)")
+	var allow, checks, approvalAllow stringList
+	fs.Var(&allow, "allow", "a `path` the agent may change, relative to DIR; end it in /** for a subtree (repeatable)")
+	fs.Var(&checks, "check", "a `command` that proves the change, split on spaces, no shell (repeatable)")
+	maxSteps := fs.Int("max-steps", 0, "most agent steps (server default when 0)")
+	wallTime := fs.Int("wall-time", 0, "most `seconds` the run may take (server default when 0)")
+	approval := fs.String("approval", "", "approval `policy` for shell commands: deny_all (default), allow_list, allow_all or ask")
+	fs.Var(&approvalAllow, "approval-allow", "a `tool` the allow_list or ask policy allows without asking (repeatable)")
+	idemKey := fs.String("idempotency-key", "", "retry-safe `key`: the same key and request return the same run")
+	follow := fs.Bool("follow", false, "print the events live, then the outcome and the patch")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, "DIR"); err != nil {
+		return err
+	}
+	if strings.TrimSpace(*instruction) == "" {
+		return usagef("--instruction is required: say what the agent should do")
+	}
+	if len(allow) == 0 {
+		return usagef("--allow is required: name the paths the agent may change")
+	}
+	if len(checks) == 0 {
+		return usagef(`--check is required: give a command that proves the change, for example --check "python3 -m pytest -q"`)
+	}
+	req := belay.RunRequest{
+		Instruction:     *instruction,
+		AllowedPaths:    allow,
+		MaxSteps:        *maxSteps,
+		WallTimeSeconds: *wallTime,
+		Approval:        belay.ApprovalConfig{Policy: belay.ApprovalPolicy(*approval), Allow: approvalAllow},
+	}
+	for _, c := range checks {
+		argv := strings.Fields(c)
+		if len(argv) == 0 {
+			return usagef("--check %q is empty", c)
+		}
+		req.Checks = append(req.Checks, argv)
+	}
+	lim := belay.DefaultLimits("any")
+	if req.Files, err = readTree(pos[0], lim, e.stderr); err != nil {
+		return err
+	}
+
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	created, err := c.CreateRun(ctx, req, *idemKey)
+	if err != nil {
+		return err
+	}
+	id := created.RunID
+	fmt.Fprintln(e.stdout, id)
+	if !*follow {
+		fmt.Fprintf(e.stderr, "belay: follow it with: belay events %s --follow\n", id)
+		return nil
+	}
+	if err := followEvents(ctx, e, c, id, 0, func(ev belay.Event) error { return printEvent(e.stdout, id, ev, false) }); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return printOutcome(ctx, e.stdout, c, id)
+}
+
+// runEndedError reports a followed run that did not complete.
+type runEndedError struct {
+	id     string
+	status belay.RunStatus
+	reason string
+}
+
+func (e runEndedError) Error() string {
+	if e.reason == "" {
+		return fmt.Sprintf("run %s %s", e.id, e.status)
+	}
+	return fmt.Sprintf("run %s %s: %s", e.id, e.status, e.reason)
+}
+
+// printOutcome prints how a run ended, its checks and its patch, and
+// returns a runEndedError unless it completed.
+func printOutcome(ctx context.Context, w io.Writer, c *httpapi.Client, id string) error {
+	run, err := c.GetRun(ctx, id)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	printRun(w, run)
+	for _, a := range run.Artifacts {
+		if a != "patch.diff" {
+			continue
+		}
+		patch, err := c.GetArtifact(ctx, id, a)
+		if err != nil {
+			return err
+		}
+		if len(patch) == 0 {
+			fmt.Fprintln(w, "patch: none (no file changed)")
+			break
+		}
+		fmt.Fprintf(w, "patch (belay artifacts %s patch.diff):\n%s", id, patch)
+		if patch[len(patch)-1] != '\n' {
+			fmt.Fprintln(w)
+		}
+	}
+	if run.Status != belay.StatusCompleted {
+		return runEndedError{id: id, status: run.Status, reason: run.Reason}
+	}
+	return nil
+}
+
+// readTree reads the files to upload under dir, as POSIX paths relative to
+// it, telling warn about each file it skips that the user may have meant to
+// send.
+func readTree(dir string, lim belay.Limits, warn io.Writer) ([]belay.File, error) {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("%s is not a directory", dir)
+	}
+	var files []belay.File
+	total, other := 0, 0
+	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			if path != dir && (strings.HasPrefix(d.Name(), ".") || skippedDirs[d.Name()]) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			fmt.Fprintf(warn, "belay: skipping %s: a symbolic link (only regular files are uploaded)\n", rel)
+			return nil
+		case !d.Type().IsRegular():
+			fmt.Fprintf(warn, "belay: skipping %s: not a regular file\n", rel)
+			return nil
+		case !lim.ExtensionAllowed(rel) || belay.CheckPath(rel) != nil:
+			other++
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if info.Size() > int64(lim.MaxFileBytes) {
+			fmt.Fprintf(warn, "belay: skipping %s: %d KiB is over the %d KiB a file may have\n",
+				rel, (info.Size()+1023)/1024, lim.MaxFileBytes/1024)
+			return nil
+		}
+		content, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if len(content) > lim.MaxFileBytes {
+			fmt.Fprintf(warn, "belay: skipping %s: it grew over the %d KiB a file may have while being read\n", rel, lim.MaxFileBytes/1024)
+			return nil
+		}
+		if !utf8.Valid(content) || strings.IndexByte(string(content), 0) >= 0 {
+			other++
+			return nil
+		}
+		total += len(content)
+		files = append(files, belay.File{Path: rel, Content: string(content)})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", dir, err)
+	}
+	if other > 0 {
+		fmt.Fprintf(warn, "belay: left out %d file(s) that are not text with an allowed extension\n", other)
+	}
+	switch {
+	case len(files) == 0:
+		return nil, errors.New("no files to upload under " + dir + ": it needs text files with an allowed extension (.py, .md, .json, ...)")
+	case len(files) > lim.MaxFiles:
+		return nil, fmt.Errorf("%s has %d files to upload; a run takes at most %d: point DIR at a smaller folder", dir, len(files), lim.MaxFiles)
+	case total > lim.MaxTreeBytes:
+		return nil, fmt.Errorf("the files under %s total %d KiB; a run takes at most %d KiB", dir, total/1024, lim.MaxTreeBytes/1024)
+	}
+	fmt.Fprintf(warn, "belay: uploading %d file(s), %d bytes\n", len(files), total)
+	return files, nil
+}

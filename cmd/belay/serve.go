@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+
+	"github.com/belay-dev/belay/internal/embedded"
+)
+
+const serveDoc = `Runs the embedded control plane: the public API and the model proxy on
+one address, runs in SQLite under the data directory, each run's sandbox as
+a local hardened subprocess. Flags override the BELAY_* variables named in
+their help. SIGINT or SIGTERM shuts down gracefully: in-flight requests
+finish, running sandboxes are stopped and their runs recorded as failed,
+queued runs start again on the next start.
+
+The provider key and the control-plane token are not flags, so they never
+show in a process listing: set BELAY_MODEL_API_KEY (or a key file) and
+BELAY_TOKEN in the environment.`
+
+// cmdServe runs `belay serve` until ctx ends (SIGINT, SIGTERM).
+func cmdServe(ctx context.Context, e *env, args []string) error {
+	cfg := embedded.ConfigFromEnv(e.lookup)
+	fs := newFlagSet(e, "serve", "[flags]", serveDoc)
+	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen `host:port` (BELAY_ADDR; default "+embedded.DefaultAddr+")")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory`: database, artifacts, token files (BELAY_DATA_DIR)")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "the one `model` runs may use (BELAY_MODEL)")
+	fs.StringVar(&cfg.ModelAPIURL, "model-api-url", cfg.ModelAPIURL,
+		"OpenAI-compatible chat-completions `URL`: https, or http to a loopback address (BELAY_MODEL_API_URL)")
+	fs.StringVar(&cfg.ModelAPIKeyFile, "model-api-key-file", cfg.ModelAPIKeyFile,
+		"`file` holding the provider key, mode 0600 (BELAY_MODEL_API_KEY_FILE)")
+	fs.StringVar(&cfg.SandboxBin, "sandbox-bin", cfg.SandboxBin,
+		"sandbox entry `binary` (BELAY_SANDBOX_BIN; default belay-sandbox beside belay, else on PATH)")
+	fs.StringVar(&cfg.SandboxDir, "sandbox-dir", cfg.SandboxDir,
+		"`directory` of the sandbox workspaces (BELAY_SANDBOX_DIR; default <data dir>/sandboxes)")
+	fs.StringVar(&cfg.ScriptedModel, "scripted-model", cfg.ScriptedModel,
+		"serve this scripted model session `file` as the upstream, for offline demos (BELAY_SCRIPTED_MODEL)")
+	fs.StringVar(&cfg.Isolation, "isolation", "auto", "sandbox isolation: auto (all the machine allows) or none")
+	fs.IntVar(&cfg.EventBufferSize, "event-buffer", 0, "events kept per run (default 2000)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", embedded.DefaultShutdownTimeout,
+		"bound on each stage of a graceful shutdown")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
+		return err
+	}
+	cfg.Logger = newLogger(e.stderr)
+
+	m, err := embedded.New(cfg)
+	if err != nil {
+		return err
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- m.Run(ctx) }()
+	<-m.Ready()
+	if m.Addr() == "" {
+		return <-ran
+	}
+	printServing(e.stdout, m, cfg)
+	if err := <-ran; err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, "belay: stopped")
+	return nil
+}
+
+// printServing tells the operator where the server is, where its token is
+// (never the token), and what isolation each sandbox gets.
+func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
+	endpoint := "http://" + m.Addr()
+	fmt.Fprintf(w, "belay %s serving on %s\n", version, endpoint)
+	upstream := "scripted session " + cfg.ScriptedModel
+	if cfg.ScriptedModel == "" {
+		if u, err := url.Parse(cfg.ModelAPIURL); err == nil {
+			upstream = u.Scheme + "://" + u.Host + u.Path
+		}
+	}
+	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), upstream)
+	fmt.Fprintf(w, "  data:       %s\n", m.DataDir())
+	if f := m.TokenFile(); f != "" {
+		fmt.Fprintf(w, "  token:      in %s (mode 0600; the CLI reads it from there)\n", f)
+	} else {
+		fmt.Fprintf(w, "  token:      from %s\n", embedded.EnvToken)
+	}
+	fmt.Fprintf(w, "  sandbox:    %s\n", m.SandboxBin())
+	fmt.Fprintln(w, "  isolation:")
+	for _, s := range m.Isolation() {
+		fmt.Fprintf(w, "    - %s\n", s)
+	}
+	if endpoint != defaultEndpoint {
+		fmt.Fprintf(w, "  clients:    export %s=%s\n", envEndpoint, endpoint)
+	}
+}
+
+// newLogger logs text to a terminal and JSON otherwise (to a file or a log
+// collector), at info level.
+func newLogger(w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if isTerminal(w) {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// isTerminal reports whether w is a character device, such as a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
