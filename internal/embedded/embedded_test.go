@@ -488,3 +488,29 @@ func TestFindSandboxBin(t *testing.T) {
 		}
 	}
 }
+
+// TestDataDirLetsTheSandboxUserThrough checks the data directory's mode
+// when the sandbox workspaces are inside it (the default): as root the
+// unprivileged sandbox user must pass through it (0711, no listing);
+// otherwise it stays the owner's alone.
+func TestDataDirLetsTheSandboxUserThrough(t *testing.T) {
+	cfg := embeddedtest.Config(t, nil)
+	cfg.DataDir = filepath.Join(embeddedtest.SandboxDir(t), "data")
+	cfg.SandboxDir = ""
+	embeddedtest.Start(t, cfg)
+	want := fs.FileMode(0o700)
+	if os.Geteuid() == 0 {
+		want = 0o711
+	}
+	if mode := modeOf(t, cfg.DataDir).Perm(); mode != want {
+		t.Errorf("data directory has mode %04o; want %04o", mode, want)
+	}
+	for _, private := range []string{embedded.ControlTokenFile, embedded.SigningKeyFile, "belay.db"} {
+		if mode := modeOf(t, filepath.Join(cfg.DataDir, private)).Perm(); mode != 0o600 {
+			t.Errorf("%s has mode %04o; want 0600", private, mode)
+		}
+	}
+	if mode := modeOf(t, filepath.Join(cfg.DataDir, "artifacts")).Perm(); mode != 0o700 {
+		t.Errorf("artifacts folder has mode %04o; want 0700", mode)
+	}
+}
