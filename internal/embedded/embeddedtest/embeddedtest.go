@@ -7,7 +7,6 @@ package embeddedtest
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -106,15 +105,10 @@ func script(tb testing.TB, content string) string {
 	return path
 }
 
-var (
-	buildOnce  sync.Once
-	builtEntry string
-	buildErr   error
-)
-
-// RealSandbox builds the sandbox entry (./sandbox-task) once per test
-// process and returns its path. Where sandbox-task has no Go package yet,
-// it skips the test outside CI and fails it in CI.
+// RealSandbox builds the sandbox entry (./sandbox-task) into the test's
+// temporary directory and returns its path; the Go build cache makes every
+// build after the first quick. Where sandbox-task has no Go package yet, it
+// skips the test outside CI and fails it in CI.
 func RealSandbox(tb testing.TB) string {
 	tb.Helper()
 	root := ModuleRoot(tb)
@@ -124,29 +118,14 @@ func RealSandbox(tb testing.TB) string {
 		}
 		tb.Skip("sandbox-task has no Go package yet; the end-to-end run needs the sandbox entry (go build ./sandbox-task)")
 	}
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "belay-entry")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		// Searchable and runnable by the unprivileged sandbox user.
-		if err := os.Chmod(dir, 0o755); err != nil {
-			buildErr = err
-			return
-		}
-		builtEntry = filepath.Join(dir, embedded.SandboxBinName)
-		cmd := exec.Command("go", "build", "-o", builtEntry, "./sandbox-task")
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./sandbox-task: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		tb.Fatal(buildErr)
+	entry := filepath.Join(tb.TempDir(), embedded.SandboxBinName)
+	cmd := exec.Command("go", "build", "-o", entry, "./sandbox-task")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("go build ./sandbox-task: %v\n%s", err, out)
 	}
-	return builtEntry
+	return entry
 }
 
 // Config returns a configuration for a test: port 0 on loopback, a fresh
