@@ -27,8 +27,8 @@ build: $(addprefix build-,$(FUNCTIONS))
 		go build -trimpath -ldflags "$(LDFLAGS)" -o bin/belay ./cmd/belay; \
 	else echo "build: cmd/belay does not exist yet; skipping bin/belay"; fi
 	@if [ -d sandbox-task ]; then \
-		echo "go build -o bin/belay-sandbox ./sandbox-task"; \
-		go build -trimpath -ldflags "$(LDFLAGS)" -o bin/belay-sandbox ./sandbox-task; \
+		echo "CGO_ENABLED=0 go build -o bin/belay-sandbox ./sandbox-task"; \
+		CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/belay-sandbox ./sandbox-task; \
 	else echo "build: sandbox-task does not exist yet; skipping bin/belay-sandbox"; fi
 
 ## build-NAME: build ./functions/NAME as bin/functions/NAME/bootstrap for Lambda (linux/arm64, provided.al2023)

@@ -47,9 +47,10 @@ const (
 // JSON object of the ResultBundle shape: names matched exactly (not
 // case-insensitively), no unknown or repeated name at any level. Then:
 //   - version is ResultBundleVersion and runId is runID;
-//   - status is completed or failed, and completed ⇔ exitCode 0 ⇔ every
-//     check exited 0 (so a failed bundle has a non-zero exitCode and at
-//     least one failing check);
+//   - status is completed or failed; completed means exitCode 0 and every
+//     check exited 0; failed means a non-zero exitCode and a reason, which
+//     is a failing check or an agent that did not finish (max_steps,
+//     budget_exhausted, ...) even though its checks pass;
 //   - checks lists exactly req.Checks: same count, same order, each argv
 //     equal element-wise; outputTail at most MaxOutputTailBytes;
 //   - changedFiles holds each path once, each a clean relative path
@@ -157,8 +158,8 @@ func checkBundle(runID string, req RunRequest, b ResultBundle) error {
 		if b.ExitCode == 0 {
 			return resultErrorf(resultFile, "status is failed but exitCode is 0")
 		}
-		if failing < 0 {
-			return resultErrorf(resultFile, "status is failed but every check exited with code 0")
+		if failing < 0 && strings.TrimSpace(b.Reason) == "" {
+			return resultErrorf(resultFile, "status is failed with every check passing but gives no reason")
 		}
 	}
 

@@ -99,6 +99,11 @@ func TestValidateResultAccepts(t *testing.T) {
 	failing.Reason = "checks failed"
 	failing.Checks[0].ExitCode = 1
 
+	unfinished := goodBundle()
+	unfinished.Status = belay.StatusFailed
+	unfinished.ExitCode = 1
+	unfinished.Reason = "max_steps"
+
 	renamed := goodBundle()
 	renamed.ChangedFiles = []string{"pkg/a.py", "pkg/b.py"}
 
@@ -119,6 +124,7 @@ func TestValidateResultAccepts(t *testing.T) {
 	}{
 		{"completed", goodBundle(), goodPatch},
 		{"failed with a failing check", failing, goodPatch},
+		{"failed by an unfinished agent with passing checks", unfinished, goodPatch},
 		{"no change and no patch", unchanged, ""},
 		{"rename inside allowed paths", renamed, "diff --git a/pkg/a.py b/pkg/b.py\nsimilarity index 100%\nrename from pkg/a.py\nrename to pkg/b.py\n"},
 		{"quoted and spaced names", quoted, "diff --git \"a/pkg/caf\\303\\251.py\" \"b/pkg/caf\\303\\251.py\"\nnew file mode 100644\nindex 0000000..1111111\n--- /dev/null\n+++ \"b/pkg/caf\\303\\251.py\"\n@@ -0,0 +1 @@\n+x\ndiff --git a/pkg/my file.py b/pkg/my file.py\nnew file mode 100755\nindex 0000000..1111111\n--- /dev/null\n+++ b/pkg/my file.py\t\n@@ -0,0 +1 @@\n+y\n"},
@@ -223,8 +229,8 @@ func TestValidateResultRefuses(t *testing.T) {
 			"completed but exitCode is 2", "result.json"},
 		{"failed with exit code 0", files(with(func(b *belay.ResultBundle) { b.Status = belay.StatusFailed; b.Checks[0].ExitCode = 1 }), goodPatch),
 			"failed but exitCode is 0", "result.json"},
-		{"failed with every check passing", files(with(func(b *belay.ResultBundle) { b.Status = belay.StatusFailed; b.ExitCode = 1 }), goodPatch),
-			"failed but every check exited with code 0", "result.json"},
+		{"failed with every check passing and no reason", files(with(func(b *belay.ResultBundle) { b.Status = belay.StatusFailed; b.ExitCode = 1; b.Reason = "" }), goodPatch),
+			"failed with every check passing but gives no reason", "result.json"},
 		{"missing check", files(with(func(b *belay.ResultBundle) { b.Checks = b.Checks[:1] }), goodPatch),
 			"checks has 1 entries; the run asked for 2", "result.json"},
 		{"extra check", files(with(func(b *belay.ResultBundle) {
