@@ -18,6 +18,15 @@ their help. SIGINT or SIGTERM shuts down gracefully: in-flight requests
 finish, running sandboxes are stopped and their runs recorded as failed,
 queued runs start again on the next start.
 
+With --store dynamodb --table T, runs live in a DynamoDB table instead, and
+with --bucket B artifacts live in an S3 bucket: the AWS deployment's own
+adapters, under the same API. Credentials and region come from the default
+AWS configuration (AWS_REGION, AWS_PROFILE, instance role), unless
+--aws-endpoint names a local peer such as DynamoDB Local (and --s3-endpoint
+an S3 one, when it is another). The table must exist, or pass
+--create-table; the bucket must exist. Serve one table from one belay at a
+time: at start it ends the runs a previous process left running.
+
 The provider key and the control-plane token are not flags, so they never
 show in a process listing: set BELAY_MODEL_API_KEY (or a key file) and
 BELAY_TOKEN in the environment.`
@@ -39,6 +48,16 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		"`directory` of the sandbox workspaces (BELAY_SANDBOX_DIR; default <data dir>/sandboxes)")
 	fs.StringVar(&cfg.ScriptedModel, "scripted-model", cfg.ScriptedModel,
 		"serve this scripted model session `file` as the upstream, for offline demos (BELAY_SCRIPTED_MODEL)")
+	fs.StringVar(&cfg.Storage.Store, "store", cfg.Storage.Store,
+		"where runs live: sqlite (in the data directory) or dynamodb (BELAY_STORE; default sqlite)")
+	fs.StringVar(&cfg.Storage.Table, "table", cfg.Storage.Table, "DynamoDB `table` of --store dynamodb (BELAY_DYNAMODB_TABLE)")
+	fs.BoolVar(&cfg.Storage.CreateTable, "create-table", false, "create the DynamoDB table if it does not exist")
+	fs.StringVar(&cfg.Storage.Bucket, "bucket", cfg.Storage.Bucket,
+		"keep artifacts in this S3 `bucket` instead of the data directory (BELAY_S3_BUCKET)")
+	fs.StringVar(&cfg.Storage.AWSEndpoint, "aws-endpoint", cfg.Storage.AWSEndpoint,
+		"`URL` of a local AWS peer such as DynamoDB Local, instead of AWS (BELAY_AWS_ENDPOINT)")
+	fs.StringVar(&cfg.Storage.S3Endpoint, "s3-endpoint", cfg.Storage.S3Endpoint,
+		"`URL` of a local S3 peer (BELAY_S3_ENDPOINT; default --aws-endpoint)")
 	fs.StringVar(&cfg.Isolation, "isolation", "auto", "sandbox isolation: auto (all the machine allows) or none")
 	fs.IntVar(&cfg.EventBufferSize, "event-buffer", 0, "events kept per run (default 2000)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", embedded.DefaultShutdownTimeout,
@@ -83,6 +102,9 @@ func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
 	}
 	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), upstream)
 	fmt.Fprintf(w, "  data:       %s\n", m.DataDir())
+	runs, artifacts := m.Storage()
+	fmt.Fprintf(w, "  runs:       %s\n", runs)
+	fmt.Fprintf(w, "  artifacts:  %s\n", artifacts)
 	if f := m.TokenFile(); f != "" {
 		fmt.Fprintf(w, "  token:      in %s (mode 0600; the CLI reads it from there)\n", f)
 	} else {

@@ -77,6 +77,9 @@ type Config struct {
 	// <DataDir>/sandboxes when empty. As root, the sandbox user must be
 	// able to search every directory above it.
 	SandboxDir string
+	// Storage chooses where runs and artifacts are kept; the zero value
+	// keeps both in DataDir.
+	Storage StorageConfig
 	// Isolation is passed to the local launcher: "auto" (the default) or
 	// "none".
 	Isolation string
@@ -122,6 +125,7 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		SandboxBin:      get(EnvSandboxBin),
 		SandboxDir:      get(EnvSandboxDir),
 		ScriptedModel:   get(EnvScriptedModel),
+		Storage:         storageConfigFromEnv(get),
 	}
 }
 

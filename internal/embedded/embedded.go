@@ -1,7 +1,9 @@
 // Package embedded is belay's one-machine control plane, the composition
 // root of `belay serve`: the same HTTP handler as on AWS, served by a plain
 // http.Server on loopback, over the SQLite store, the artifacts folder, the
-// in-process orchestrator and the local sandbox launcher. Main is what the
+// in-process orchestrator and the local sandbox launcher. The store and the
+// artifacts may instead be AWS's own adapters, a DynamoDB table and an S3
+// bucket (StorageConfig), with the rest unchanged. Main is what the
 // CLI runs and what end-to-end tests start on port 0 in a temporary
 // directory.
 package embedded
@@ -23,12 +25,10 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
-	"github.com/belay-dev/belay/internal/localdir"
 	"github.com/belay-dev/belay/internal/localsandbox"
 	"github.com/belay-dev/belay/internal/orchestrator"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/secrets"
-	"github.com/belay-dev/belay/internal/sqlite"
 	"github.com/belay-dev/belay/internal/token"
 )
 
@@ -99,6 +99,9 @@ func New(cfg Config) (*Main, error) {
 	}
 	if cfg.EventBufferSize < 0 {
 		return nil, fmt.Errorf("event buffer size %d is negative", cfg.EventBufferSize)
+	}
+	if err := cfg.Storage.check(); err != nil {
+		return nil, err
 	}
 	if err := m.configureUpstream(&cfg); err != nil {
 		return nil, err
@@ -294,17 +297,12 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	default:
 	}
 
-	store, err := sqlite.Open(ctx, filepath.Join(m.cfg.DataDir, databaseFile),
-		sqlite.Options{EventBufferSize: m.cfg.EventBufferSize, Logger: m.log})
+	st, err := openStorage(ctx, m.cfg, m.log)
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, store.Close)
-	artifacts, err := localdir.New(filepath.Join(m.cfg.DataDir, artifactsDir))
-	if err != nil {
-		return err
-	}
-	cleanups = append(cleanups, artifacts.Close)
+	cleanups = append(cleanups, st.close)
+	store, artifacts := st.store, st.artifacts
 	signer, err := token.NewSigner(m.signingKey, m.now)
 	if err != nil {
 		return fmt.Errorf("run-token signer: %w", err)
