@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +39,9 @@ const (
 	finalizeTimeout = 30 * time.Second
 	// eventsCloseTimeout bounds delivering the last events.
 	eventsCloseTimeout = 5 * time.Second
+	// flushBeforeModelCall bounds how long a model call waits for the
+	// events before it to be sent; past it the call goes ahead.
+	flushBeforeModelCall = 5 * time.Second
 	// maxCheckReserve caps the part of the wall time kept from the agent
 	// loop for the final checks (a quarter of it, at most this).
 	maxCheckReserve = 60 * time.Second
@@ -155,9 +159,12 @@ func (e *entry) run(ctx context.Context) error {
 		case <-agentCtx.Done():
 		}
 	}()
+	// Each model call first sends the events of the steps before it: the
+	// control plane logs the call itself, as it passes the proxy.
+	modelClient := &http.Client{Transport: flushEventsFirst{events: events, next: client.Transport}}
 	outcome, agentErr := agent.Run(agentCtx, agent.Config{
 		BaseURL:     strings.TrimSuffix(spec.APIBaseURL, "/") + "/internal/v1",
-		HTTPClient:  client,
+		HTTPClient:  modelClient,
 		Token:       tokens.Model,
 		Model:       spec.Model,
 		Instruction: spec.Instruction,
@@ -303,4 +310,20 @@ func (e *entry) finalCheck(ctx context.Context, git Git, argv []string, deadline
 		OutputBytes: res.OutputBytes, Output: res.Tail(TranscriptTailBytes),
 	})
 	return cr
+}
+
+// flushEventsFirst is the model client's transport: it flushes the
+// sandbox's queued events before each request (see EventClient.Flush), so
+// the run's log keeps the order things happened in. A flush that fails or
+// takes too long does not hold the model call back.
+type flushEventsFirst struct {
+	events *EventClient
+	next   http.RoundTripper
+}
+
+func (f flushEventsFirst) RoundTrip(r *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), flushBeforeModelCall)
+	_ = f.events.Flush(ctx)
+	cancel()
+	return f.next.RoundTrip(r)
 }

@@ -63,6 +63,13 @@ type EventClient struct {
 	closing bool
 	stopped bool
 
+	// queued counts the events ever queued; settled those sent, given up
+	// or discarded since. progress is closed and replaced each time
+	// settled grows, for Flush.
+	queued   int64
+	settled  int64
+	progress chan struct{}
+
 	wake    chan struct{}
 	done    chan struct{}
 	stop    chan struct{}
@@ -116,6 +123,7 @@ func NewEventClient(cfg EventsConfig) (*EventClient, error) {
 		abort:   cancel,
 		prefix:  hex.EncodeToString(p[:]),
 	}
+	c.progress = make(chan struct{})
 	go c.loop()
 	return c, nil
 }
@@ -164,6 +172,7 @@ func (c *EventClient) Emit(typ string, data any) {
 		return
 	}
 	c.queue = append(c.queue, queuedEvent{in: in, size: len(enc) + 1})
+	c.queued++
 	if c.batchReadyLocked() {
 		c.signal()
 	}
@@ -185,6 +194,42 @@ func (c *EventClient) signal() {
 	case c.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Flush sends every event emitted so far and returns once each has been
+// appended or given up, the client has stopped, or ctx ends. The control
+// plane appends model.request and model.response itself, the moment a
+// model call passes its proxy; the entry flushes before each model call so
+// that a step's tool events, still waiting for their batch, come before
+// the next step's model call in the run's log, as they happened.
+func (c *EventClient) Flush(ctx context.Context) error {
+	c.mu.Lock()
+	target := c.queued
+	c.mu.Unlock()
+	c.signal()
+	for {
+		c.mu.Lock()
+		flushed := c.settled >= target || c.stopped
+		progress := c.progress
+		c.mu.Unlock()
+		if flushed {
+			return nil
+		}
+		select {
+		case <-progress:
+		case <-c.done:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("flush events: %w", ctx.Err())
+		}
+	}
+}
+
+// settleLocked counts n queued events as sent, given up or discarded.
+func (c *EventClient) settleLocked(n int) {
+	c.settled += int64(n)
+	close(c.progress)
+	c.progress = make(chan struct{})
 }
 
 // Stopped is closed when the control plane has said the run is over.
@@ -272,6 +317,9 @@ func (c *EventClient) send(events []belay.EventInput) bool {
 		err = c.route.do(ctx, http.MethodPost, u, body, nil)
 		cancel()
 		if err == nil {
+			c.mu.Lock()
+			c.settleLocked(len(events))
+			c.mu.Unlock()
 			return true
 		}
 		var ae *APIError
@@ -280,6 +328,7 @@ func (c *EventClient) send(events []belay.EventInput) bool {
 			c.mu.Lock()
 			c.stopped = true
 			c.queue = nil
+			c.settleLocked(int(c.queued - c.settled))
 			c.mu.Unlock()
 			close(c.stop)
 			return false
@@ -294,6 +343,7 @@ func (c *EventClient) send(events []belay.EventInput) bool {
 	}
 	c.mu.Lock()
 	c.dropped += len(events)
+	c.settleLocked(len(events))
 	c.mu.Unlock()
 	if c.sendCtx.Err() != nil {
 		return false

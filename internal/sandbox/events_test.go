@@ -143,6 +143,38 @@ func TestEventClientDeliversEveryEventInOrderInBoundedBatches(t *testing.T) {
 	}
 }
 
+func TestEventClientFlushSendsWhatIsQueued(t *testing.T) {
+	cp := newControlPlane(t, t.TempDir(), scriptedModelScript())
+	runID, set := cp.startRun(t, runRequest(belay.PolicyDenyAll, 0))
+	// No timer flush within the test: only Flush sends these small events.
+	c, err := sandbox.NewEventClient(sandbox.EventsConfig{
+		BaseURL: "http://belay", HTTPClient: sandbox.NewAPIClient(cp.socket), RunID: runID, Token: set.Events,
+		FlushInterval: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(cp.events(t, runID))
+	for i := range 3 {
+		c.Emit(belay.EventToolCall, map[string]int{"i": i})
+	}
+	if err := c.Flush(context.Background()); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	if got := len(cp.events(t, runID)) - before; got != 3 {
+		t.Errorf("%d events stored when Flush returned, want 3", got)
+	}
+	if err := c.Flush(context.Background()); err != nil {
+		t.Errorf("Flush with nothing queued: %v", err)
+	}
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(context.Background()); err != nil {
+		t.Errorf("Flush after Close: %v", err)
+	}
+}
+
 func TestEventClientRetriesAFailedBatchWithTheSameID(t *testing.T) {
 	cp := newControlPlane(t, t.TempDir(), scriptedModelScript())
 	runID, set := cp.startRun(t, runRequest(belay.PolicyDenyAll, 0))
