@@ -173,8 +173,13 @@ func startWith(tb testing.TB, p *provider, logs *embeddedtest.Logs, sandboxBin s
 	}
 	m := embeddedtest.Start(tb, cfg)
 	// Registered after Start, so it runs before Close: a request still held
-	// must not keep the shutdown waiting.
-	tb.Cleanup(p.Release)
+	// must not keep the shutdown waiting, and a model call still in flight
+	// (the proxy lets a paid-for call run on after its sandbox is gone)
+	// must not keep the provider's Close waiting for its scripted delay.
+	tb.Cleanup(func() {
+		p.Release()
+		p.srv.CloseClientConnections()
+	})
 	return plane{m: m, c: clientOf(tb, m), cfg: cfg}
 }
 
