@@ -388,6 +388,9 @@ func TestEntryRefusesUnsafeTokenFiles(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			err := cmd.Run()
+			if cmd.ProcessState == nil {
+				t.Fatalf("start the entry: %v", err)
+			}
 			if code := cmd.ProcessState.ExitCode(); code != 1 {
 				t.Fatalf("the entry exited %d (%v); want 1\nstderr: %s", code, err, stderr.String())
 			}
