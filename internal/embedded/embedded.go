@@ -373,6 +373,14 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	// Cleanups run in reverse: the orchestrator stops its sandboxes first,
+	// then the handler ends detached work (a model call whose sandbox is
+	// gone) and waits for it, and only then do the stores close.
+	cleanups = append(cleanups, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ShutdownTimeout)
+		defer cancel()
+		return api.Close(ctx)
+	})
 	// From here the orchestrator may run sandboxes; it stops them before
 	// the store closes.
 	cleanups = append(cleanups, func() error {

@@ -328,7 +328,11 @@ func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 		Model: claims.Model, Messages: call.messages, Tools: call.tools,
 		MaxTokens: call.maxTokens, Remaining: res.Remaining,
 	})
-	answer, status, err := s.forward(ctx, r, call.body)
+	// The upstream call alone also ends when the server closes; what it
+	// spent is still recorded below.
+	upCtx, cancelUp := s.detached(r)
+	answer, status, err := s.forward(upCtx, r, call.body)
+	cancelUp()
 	delta := belay.UsageDelta{ModelRequests: 1}
 	resp := modelResponseData{}
 	if err != nil {

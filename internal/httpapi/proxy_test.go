@@ -364,3 +364,52 @@ func TestProviderKeyNeverLeaks(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseEndsDetachedModelCalls shows that a paid model call whose caller
+// hung up still ends when the server closes, and that Close waits for it,
+// so nothing writes to a store after the server's owner closed it.
+func TestCloseEndsDetachedModelCalls(t *testing.T) {
+	h := newHarness(t, harnessOptions{timeout: time.Hour})
+	id, toks := h.startRun(t, "", 10)
+	reached := make(chan struct{})
+	h.up.setResponse(func(w http.ResponseWriter, r *http.Request) {
+		close(reached)
+		<-r.Context().Done()
+	})
+
+	ctx, hangUp := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "POST", h.srv.URL+"/internal/v1/chat/completions", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+toks.Model)
+	callDone := make(chan struct{})
+	go func() {
+		defer close(callDone)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	<-reached
+	hangUp() // the sandbox is gone; the paid call goes on upstream
+	<-callDone
+
+	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.api.Close(closeCtx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	// Close returned only after the detached call finished: its usage and
+	// its model.response are already stored.
+	run, err := h.store.GetRun(context.Background(), id)
+	if err != nil || run.Usage.ModelRequests != 1 {
+		t.Errorf("usage %+v, %v: the paid call was not recorded before Close returned", run.Usage, err)
+	}
+	if n := countType(h.allEvents(t, id), belay.EventModelResponse); n != 1 {
+		t.Errorf("%d model.response events before Close returned, want 1", n)
+	}
+	// A closed server takes no new work.
+	if a := h.chat(t, toks.Model, chatBody); a.status != http.StatusServiceUnavailable || a.errorCode(t) != belay.CodeUnavailable {
+		t.Errorf("after Close: %d %s, want 503 unavailable", a.status, a.body)
+	}
+}

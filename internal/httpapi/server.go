@@ -104,6 +104,15 @@ type Server struct {
 
 	public   *http.ServeMux
 	internal *http.ServeMux
+
+	// base ends when the server closes: work detached from its caller (a
+	// paid model call) still stops then. active counts requests in flight,
+	// including those whose caller hung up, so Close can wait for them.
+	base       context.Context
+	cancelBase context.CancelFunc
+	activeMu   sync.Mutex
+	closed     bool
+	active     sync.WaitGroup
 }
 
 // New checks cfg and builds the handler. It refuses a config that would
@@ -179,6 +188,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
+	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.public = http.NewServeMux()
 	s.internal = http.NewServeMux()
 	for _, mux := range []*http.ServeMux{s.public, s.internal} {
@@ -243,6 +253,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, mux *http.ServeMu
 	h.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
 	h.Set("Referrer-Policy", "no-referrer")
 	sw := &statusWriter{ResponseWriter: w}
+	if !s.enter() {
+		s.writeError(sw, r, belay.Errorf(belay.CodeUnavailable, "the control plane is shutting down"))
+		return
+	}
+	defer s.active.Done()
 
 	defer func() {
 		if p := recover(); p != nil {
@@ -265,6 +280,44 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, mux *http.ServeMu
 		}
 	}
 	mux.ServeHTTP(sw, r)
+}
+
+// enter counts a request in flight, unless the server is closed.
+func (s *Server) enter() bool {
+	s.activeMu.Lock()
+	defer s.activeMu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.active.Add(1)
+	return true
+}
+
+// detached returns a context for work that must run to its end even if the
+// caller hangs up (a model call already paid for), but that still ends when
+// the server closes.
+func (s *Server) detached(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	stop := context.AfterFunc(s.base, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// Close refuses new requests, ends detached work (in-flight model calls
+// answer upstream_error), and waits until every request in flight has
+// returned, or ctx ends. The stores must stay open until it returns.
+func (s *Server) Close(ctx context.Context) error {
+	s.activeMu.Lock()
+	s.closed = true
+	s.activeMu.Unlock()
+	s.cancelBase()
+	done := make(chan struct{})
+	go func() { s.active.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("httpapi: requests still in flight: %w", ctx.Err())
+	}
 }
 
 func (s *Server) handleNoRoute(w http.ResponseWriter, r *http.Request) {
