@@ -12,4 +12,15 @@
 // they equal one of the run's checks, and run commands with a clean
 // environment that holds no token. See DESIGN.md "Sandbox entry" and
 // "The agent's tools".
+//
+// An approved shell command runs as the entry's own user and can change
+// anything the entry can: .git, home, the workspace. So when the agent's
+// turn is over the entry trusts none of it. It kills what the commands left
+// running (when it is its PID namespace's init), puts .git back from what
+// it remembers of the base (Base.Finalize), commits only the allowed
+// changes, checks every object the patch is made from against its hash,
+// makes the work tree exactly the head commit's tree, removes what was
+// added to the workspace and empties home, and only then runs the final
+// checks: their results are for the files the patch produces. A repository
+// it cannot vouch for fails the run with ReasonRepositoryTampered.
 package sandbox

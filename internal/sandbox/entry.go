@@ -28,15 +28,21 @@ const (
 	ReasonAgentError    = "agent_error"
 	ReasonRunInactive   = agent.ReasonRunInactive
 	ReasonPatchTooLarge = "patch_too_large"
+	// ReasonRepositoryTampered: the repository could not be vouched for
+	// after the agent ran (see ErrRepositoryTampered); no patch is given
+	// and no final check runs.
+	ReasonRepositoryTampered = "repository_tampered"
 )
 
 const (
 	// notRunExitCode is a check's exit code when it did not run: the run
 	// was stopping, or its wall time was used up.
 	notRunExitCode = -1
-	// finalizeTimeout bounds committing and diffing after the loop, which
-	// happens even when the run is stopping.
+	// finalizeTimeout bounds committing, diffing and checking out the head
+	// after the loop, which happens even when the run is stopping.
 	finalizeTimeout = 30 * time.Second
+	// straysTimeout bounds waiting for the processes killStrays killed.
+	straysTimeout = 5 * time.Second
 	// eventsCloseTimeout bounds delivering the last events.
 	eventsCloseTimeout = 5 * time.Second
 	// flushBeforeModelCall bounds how long a model call waits for the
@@ -112,7 +118,13 @@ func (e *entry) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	log.Info("repository built", "base_commit", base, "files", len(spec.Files))
+	log.Info("repository built", "base_commit", base.Commit, "files", len(spec.Files))
+	// What the workspace holds before the agent runs: whatever else is
+	// there afterwards is removed before the final checks.
+	layout, err := workspaceNames(string(e.ws))
+	if err != nil {
+		return err
+	}
 
 	client := NewAPIClient(spec.APISocket)
 	events, err := NewEventClient(EventsConfig{
@@ -145,7 +157,7 @@ func (e *entry) run(ctx context.Context) error {
 		return err
 	}
 	defer tools.Close()
-	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base, "files": len(spec.Files)})
+	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base.Commit, "files": len(spec.Files)})
 
 	agentCtx, cancelAgent := context.WithDeadline(ctx, agentDeadline)
 	defer cancelAgent()
@@ -182,43 +194,58 @@ func (e *entry) run(ctx context.Context) error {
 	}
 	log.Info("agent outcome", "reason", reason, "steps", outcome.Steps)
 
-	// The final checks run unless the run is being stopped.
+	// The head commit is made, and the work tree made exactly its tree,
+	// before the final checks, so they run on the files the patch produces
+	// and nothing else. This happens even when the run is stopping: what
+	// the agent did so far is worth keeping.
+	e.killStrays(log)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalizeTimeout)
+	defer cancel()
+	fin, err := base.Finalize(fctx, spec.AllowedPaths, "belay: agent changes")
+	tamperedErr := err
+	if err != nil {
+		if !errors.Is(err, ErrRepositoryTampered) {
+			return err
+		}
+		log.Warn("the repository was tampered with; the run fails without a patch", "err", err)
+		writeTranscriptLine(transcript, e.now, map[string]any{"type": "repository.tampered", "error": err.Error()})
+		fin = Final{Head: base.Commit, Changed: []string{}}
+	} else {
+		if len(fin.Discarded) > 0 {
+			log.Warn("changes outside the allowed paths were left out of the patch", "paths", len(fin.Discarded))
+			writeTranscriptLine(transcript, e.now, map[string]any{"type": "changes.discarded", "paths": fin.Discarded,
+				"note": "changed paths outside allowedPaths, or not regular files, are not part of the patch; the final checks ran without them"})
+		}
+		if err := resetWorkspace(string(e.ws), layout, git.Home); err != nil {
+			return err
+		}
+	}
+
+	// The final checks run unless the run is being stopped or the
+	// repository cannot be vouched for.
 	stopping := ctx.Err() != nil || runOver.Load()
 	checks := make([]belay.CheckResult, len(spec.Checks))
 	for i, argv := range spec.Checks {
+		if tamperedErr != nil {
+			checks[i] = belay.CheckResult{Argv: argv, ExitCode: notRunExitCode,
+				OutputTail: "[belay: not run: the repository was tampered with]"}
+			continue
+		}
 		checks[i] = e.finalCheck(ctx, git, argv, deadline, stopping, events, transcript)
+		e.killStrays(log)
 	}
-
-	// The bundle is written even when the run is stopping: what the agent
-	// did so far is worth keeping.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalizeTimeout)
-	defer cancel()
-	return e.writeBundle(fctx, log, spec, git, base, outcome, reason, checks, transcript, transcriptFile)
+	if tamperedErr != nil {
+		reason = ReasonRepositoryTampered
+	}
+	return e.writeBundle(log, spec, base.Commit, fin, outcome, reason, checks, transcriptFile)
 }
 
-// writeBundle commits the agent's allowed changes as the head commit and
-// writes out/patch.diff and then out/result.json. The run completed only
-// if the agent finished and every check exited 0.
-func (e *entry) writeBundle(ctx context.Context, log *slog.Logger, spec belay.SandboxSpec, git Git, base string,
-	outcome agent.Outcome, reason string, checks []belay.CheckResult, transcript io.Writer, transcriptFile *os.File) error {
-	head, discarded, err := git.CommitAllowed(ctx, base, spec.AllowedPaths, "belay: agent changes")
-	if err != nil {
-		return err
-	}
-	if len(discarded) > 0 {
-		log.Warn("changes outside the allowed paths were left out of the patch", "paths", len(discarded))
-		writeTranscriptLine(transcript, e.now, map[string]any{"type": "changes.discarded", "paths": discarded,
-			"note": "changed paths outside allowedPaths, or not regular files, are not part of the patch"})
-	}
-	patch, err := git.Diff(ctx, base, head)
-	if err != nil {
-		return err
-	}
-	changed, err := git.ChangedFiles(ctx, base, head)
-	if err != nil {
-		return err
-	}
-
+// writeBundle writes out/patch.diff and then out/result.json for the head
+// commit Finalize made. The run completed only if the agent finished and
+// every check exited 0.
+func (e *entry) writeBundle(log *slog.Logger, spec belay.SandboxSpec, base string, fin Final,
+	outcome agent.Outcome, reason string, checks []belay.CheckResult, transcriptFile *os.File) error {
+	patch, changed := fin.Patch, fin.Changed
 	allPassed := true
 	for _, c := range checks {
 		allPassed = allPassed && c.ExitCode == 0
@@ -227,7 +254,7 @@ func (e *entry) writeBundle(ctx context.Context, log *slog.Logger, spec belay.Sa
 		Version: belay.ResultBundleVersion, RunID: spec.RunID,
 		Summary:      truncateBytes(outcome.Summary, belay.MaxSummaryBytes),
 		ChangedFiles: changed, Checks: checks, Usage: outcome.Usage,
-		BaseCommit: base, HeadCommit: head,
+		BaseCommit: base, HeadCommit: fin.Head,
 	}
 	switch {
 	case len(patch) > belay.MaxArtifactBytes:
@@ -326,4 +353,56 @@ func (f flushEventsFirst) RoundTrip(r *http.Request) (*http.Response, error) {
 	_ = f.events.Flush(ctx)
 	cancel()
 	return f.next.RoundTrip(r)
+}
+
+// killStrays kills whatever the agent's commands left running outside
+// their process groups (see killStrays in sysproc), before the entry reads
+// the tree it vouches for and after each final check.
+func (e *entry) killStrays(log *slog.Logger) {
+	n, err := killStrays(straysTimeout)
+	if err != nil {
+		log.Warn("could not kill the processes left behind", "err", err)
+	} else if n > 0 {
+		log.Info("killed processes left behind by commands", "processes", n)
+	}
+}
+
+// workspaceNames lists the names in the workspace folder.
+func workspaceNames(ws string) (map[string]bool, error) {
+	entries, err := os.ReadDir(ws)
+	if err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
+	names := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		names[e.Name()] = true
+	}
+	return names, nil
+}
+
+// resetWorkspace removes what the agent's commands added to the workspace
+// folder (every name not in layout) and empties home. Both are outside the
+// repository, yet a check can read them: the workspace is the repository's
+// parent, where pytest looks for its configuration (a pytest.ini there
+// could add --collect-only), and home holds git's ~/.gitconfig and
+// Python's user site-packages.
+func resetWorkspace(ws string, layout map[string]bool, home string) error {
+	entries, err := os.ReadDir(ws)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	for _, e := range entries {
+		if !layout[e.Name()] {
+			if err := removeAll(filepath.Join(ws, e.Name())); err != nil {
+				return fmt.Errorf("workspace: remove what the agent left: %w", err)
+			}
+		}
+	}
+	if err := removeAll(home); err != nil {
+		return fmt.Errorf("workspace: empty home: %w", err)
+	}
+	if err := os.Mkdir(home, 0o700); err != nil {
+		return fmt.Errorf("workspace: empty home: %w", err)
+	}
+	return nil
 }

@@ -61,6 +61,9 @@ type Command struct {
 	// Output then holds only standard error. Git's output is data, not a
 	// log, so the entry takes it this way.
 	Stdout io.Writer
+	// Stdin, when set, is the command's standard input (the entry feeds
+	// object names to git this way); nil means none.
+	Stdin io.Reader
 }
 
 // CommandResult is how a command ended.
@@ -132,7 +135,7 @@ func RunCommand(ctx context.Context, c Command) (CommandResult, error) {
 	cmd.Args = append([]string(nil), c.Argv...)
 	cmd.Dir = c.Dir
 	cmd.Env = append([]string{}, c.Env...)
-	cmd.Stdin = nil
+	cmd.Stdin = c.Stdin
 	cmd.Stdout = out
 	if c.Stdout != nil {
 		cmd.Stdout = c.Stdout

@@ -28,7 +28,8 @@ func (w Workspace) RepoDir() string { return filepath.Join(string(w), "repo") }
 // OutDir receives result.json, patch.diff and transcript.jsonl.
 func (w Workspace) OutDir() string { return filepath.Join(string(w), "out") }
 
-// HomeDir is HOME for git, checks and shell commands.
+// HomeDir is HOME for git, checks and shell commands; the entry empties
+// it before the final checks.
 func (w Workspace) HomeDir() string { return filepath.Join(string(w), "home") }
 
 // The token files in TokensDir, one per audience.

@@ -2,7 +2,10 @@
 
 package sandbox
 
-import "syscall"
+import (
+	"syscall"
+	"time"
+)
 
 // childSysProcAttr puts a child in its own process group, so a timeout can
 // kill everything it started.
@@ -15,3 +18,6 @@ func lockThreadForChild() {}
 // setThreadNoNewPrivs does nothing off Linux, which has no such flag; Harden
 // refuses to run there.
 func setThreadNoNewPrivs() error { return nil }
+
+// killStrays does nothing off Linux (see the Linux version).
+func killStrays(time.Duration) (int, error) { return 0, nil }

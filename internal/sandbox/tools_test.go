@@ -33,6 +33,8 @@ type workspace struct {
 	home string
 	base string
 	git  sandbox.Git
+	// built is the entry's memory of the repository as built.
+	built *sandbox.Base
 }
 
 func newWorkspace(tb testing.TB, files []belay.File) workspace {
@@ -47,7 +49,7 @@ func newWorkspace(tb testing.TB, files []belay.File) workspace {
 	if err != nil {
 		tb.Fatalf("BuildRepo: %v", err)
 	}
-	w.base = base
+	w.base, w.built = base.Commit, base
 	return w
 }
 
