@@ -302,7 +302,10 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		return err
 	}
 	cleanups = append(cleanups, st.close)
-	store, artifacts := st.store, st.artifacts
+	// Every writer in this process (handler, orchestrator) goes through the
+	// watched store, so event streams wake on a write instead of a poll.
+	watched := belay.WatchStore(st.store)
+	store, artifacts := belay.Store(watched), st.artifacts
 	signer, err := token.NewSigner(m.signingKey, m.now)
 	if err != nil {
 		return fmt.Errorf("run-token signer: %w", err)
@@ -366,6 +369,7 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		Signer:        signer,
 		Limits:        belay.DefaultLimits(m.cfg.Model),
 		ControlTokens: []string{m.token},
+		EventsChanged: watched.Changed,
 		Upstream:      upstream,
 		Logger:        m.log,
 		Now:           m.now,

@@ -98,6 +98,9 @@ func wantsStream(r *http.Request) bool {
 // for a heartbeat interval.
 func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, id string, after int64) {
 	ctx := r.Context()
+	// The change signal is taken before each read, so a write landing
+	// between the read and the wait still wakes the stream.
+	changed := s.eventsChanged()
 	// The first read happens before any header is written, so an unknown
 	// run still gets a normal JSON 404.
 	page, err := s.store.ListEvents(ctx, id, after, ssePageSize)
@@ -163,10 +166,11 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, id string,
 			return
 		}
 		if len(page.Events) < ssePageSize {
-			if !s.waitForPoll(ctx, bw, flush, heartbeat, poll) {
+			if !s.waitForPoll(ctx, bw, flush, heartbeat, poll, changed) {
 				return
 			}
 		}
+		changed = s.eventsChanged()
 		page, err = s.store.ListEvents(ctx, id, after, ssePageSize)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -178,14 +182,25 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, id string,
 	}
 }
 
-// waitForPoll blocks until the next poll tick, sending heartbeats while it
-// waits. It returns false when the caller has gone.
-func (s *Server) waitForPoll(ctx context.Context, bw *bufio.Writer, flush func() bool, heartbeat *time.Timer, poll *time.Ticker) bool {
+// eventsChanged returns the store's change signal, or nil (never ready)
+// when there is none and the stream only polls.
+func (s *Server) eventsChanged() <-chan struct{} {
+	if s.changed == nil {
+		return nil
+	}
+	return s.changed()
+}
+
+// waitForPoll blocks until the next poll tick or a change signal, sending
+// heartbeats while it waits. It returns false when the caller has gone.
+func (s *Server) waitForPoll(ctx context.Context, bw *bufio.Writer, flush func() bool, heartbeat *time.Timer, poll *time.Ticker, changed <-chan struct{}) bool {
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-poll.C:
+			return true
+		case <-changed:
 			return true
 		case <-heartbeat.C:
 			_, _ = bw.WriteString(": ping\n\n")

@@ -277,3 +277,28 @@ func TestSSEBadRequests(t *testing.T) {
 		t.Errorf("unknown run: %d %s", a.status, a.body)
 	}
 }
+
+// TestSSEWakesOnStoreChange shows a stream over a watched store delivers a
+// write at once: with an hour between polls, only the change signal can
+// bring the terminal event before the test's deadline.
+func TestSSEWakesOnStoreChange(t *testing.T) {
+	h := newHarness(t, harnessOptions{poll: time.Hour, watch: true})
+	id, _ := h.startRun(t, "", 5)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	resp := h.openStream(t, ctx, "/v1/runs/"+id+"/events?stream=1", nil)
+	defer resp.Body.Close()
+	r := newSSEReader(resp.Body)
+	if _, err := readSSE(t, r, 2); err != nil { // run.queued, run.started
+		t.Fatal(err)
+	}
+	h.appendEvents(t, id, 3)
+	h.finishRun(t, id)
+	evs, err := readSSE(t, r, 1000)
+	if !errors.Is(err, io.EOF) {
+		t.Fatalf("stream did not end after the terminal event: %v (%v)", err, evs)
+	}
+	if len(evs) != 4 || evs[3].event != belay.EventRunCompleted {
+		t.Errorf("after start: %v, want 3 appended events and run.completed", evs)
+	}
+}

@@ -160,6 +160,9 @@ type harnessOptions struct {
 	maxResp    int64
 	keyErr     error
 	quietLogs  bool
+	// watch wraps the store in belay.WatchStore and hands its signal to
+	// the server, as belay serve does.
+	watch bool
 }
 
 // harness is one server over a real SQLite store in a temporary directory,
@@ -223,6 +226,11 @@ func newHarness(tb testing.TB, opts harnessOptions) *harness {
 		key:          "sk-canary-" + randomHex(tb, 16),
 	}
 	h.store = openStore(tb, opts.bufferSize)
+	var changed func() <-chan struct{}
+	if opts.watch {
+		w := belay.WatchStore(h.store)
+		h.store, changed = w, w.Changed
+	}
 	h.artifacts = openArtifacts(tb)
 	signer, err := token.NewSigner([]byte(strings.Repeat("s", 32)+randomHex(tb, 8)), h.clock.Now)
 	if err != nil {
@@ -260,6 +268,7 @@ func newHarness(tb testing.TB, opts harnessOptions) *harness {
 		Now:                h.clock.Now,
 		HeartbeatInterval:  opts.heartbeat,
 		EventsPollInterval: opts.poll,
+		EventsChanged:      changed,
 	}
 	api, err := httpapi.New(cfg)
 	if err != nil {

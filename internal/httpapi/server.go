@@ -58,6 +58,10 @@ type Config struct {
 	// EventsPollInterval is how often an SSE stream polls the store for new
 	// events. Zero means 250 ms.
 	EventsPollInterval time.Duration
+	// EventsChanged, when set, returns a channel closed at the next write
+	// that appends events (belay.WatchedStore.Changed), so a stream wakes
+	// at once rather than at its next poll. Polling stays the fallback.
+	EventsChanged func() <-chan struct{}
 }
 
 // Upstream is the operator's model provider, which the model proxy forwards
@@ -98,6 +102,7 @@ type Server struct {
 	now          func() time.Time
 	heartbeat    time.Duration
 	pollEvery    time.Duration
+	changed      func() <-chan struct{}
 
 	entropyMu sync.Mutex
 	entropy   io.Reader
@@ -152,6 +157,7 @@ func New(cfg Config) (*Server, error) {
 		entropy:      cfg.Entropy,
 		heartbeat:    cfg.HeartbeatInterval,
 		pollEvery:    cfg.EventsPollInterval,
+		changed:      cfg.EventsChanged,
 	}
 	for i, t := range cfg.ControlTokens {
 		if len(t) < 16 {
