@@ -18,13 +18,14 @@ import (
 	"strings"
 )
 
-// ErrRepositoryTampered is wrapped by the error Finalize returns when the
-// repository is no longer one the entry can vouch for: its folder or .git
-// was replaced, the base commit no longer reads as the upload, an object
-// does not hash to its name, or the work tree could not be made exactly the
-// head commit's tree. Only something the agent ran (an approved shell
-// command) can cause it; the entry then reports the run failed with
-// ReasonRepositoryTampered and no patch.
+// ErrRepositoryTampered is wrapped by the error Finalize or Reset returns
+// when the repository is no longer one the entry can vouch for: its folder
+// or .git was replaced, the base commit no longer reads as the upload, an
+// object does not hash to its name, or the work tree could not be made
+// exactly the head commit's tree. Only something the agent ran (an
+// approved shell command, or the patch's code run by a check) can cause
+// it; the entry then reports the run failed with ReasonRepositoryTampered
+// and no patch.
 var ErrRepositoryTampered = errors.New("the repository was tampered with")
 
 func tampered(format string, args ...any) error {
@@ -122,23 +123,7 @@ func (b *Base) Finalize(ctx context.Context, allowedPaths []string, message stri
 
 func (b *Base) finalize(ctx context.Context, allowedPaths []string, message string) (Final, error) {
 	g := b.git
-	if err := makeOwnerAccessible(g.Dir); err != nil {
-		return Final{}, err
-	}
-	if err := removeNestedGit(g.Dir); err != nil {
-		return Final{}, err
-	}
-	if err := b.restore(); err != nil {
-		return Final{}, err
-	}
-	tree, err := g.Run(ctx, "rev-parse", "--verify", b.Commit+"^{tree}")
-	if err != nil {
-		return Final{}, tampered("the base commit cannot be read: %v", err)
-	}
-	if got := strings.TrimSpace(string(tree)); got != b.Tree {
-		return Final{}, tampered("the base commit names tree %s, not the base tree %s", got, b.Tree)
-	}
-	if _, err := g.Run(ctx, "update-ref", "HEAD", b.Commit); err != nil {
+	if err := b.restoreGit(ctx); err != nil {
 		return Final{}, err
 	}
 	head, discarded, err := g.CommitAllowed(ctx, b.Commit, allowedPaths, message)
@@ -163,13 +148,66 @@ func (b *Base) finalize(ctx context.Context, allowedPaths []string, message stri
 	if err != nil {
 		return Final{}, err
 	}
-	if err := g.checkoutExactly(ctx, head); err != nil {
-		return Final{}, err
-	}
-	if err := g.indexAtBase(ctx, b.Commit, head); err != nil {
+	if err := b.settle(ctx, head); err != nil {
 		return Final{}, err
 	}
 	return Final{Head: head, Patch: patch, Changed: changed, Discarded: discarded}, nil
+}
+
+// Reset puts the repository back as Finalize left it for head: .git
+// restored, every object reachable from head checked against its hash, the
+// work tree exactly head's tree, HEAD and the index at the base. The entry
+// calls it before each final check after the first: a check runs code from
+// the patch, and that code can change the tree, .git or the object store a
+// later check would read. Errors are as Finalize's.
+func (b *Base) Reset(ctx context.Context, head string) error {
+	err := b.restoreGit(ctx)
+	if err == nil {
+		err = b.git.verifyObjects(ctx, head)
+	}
+	if err == nil {
+		err = b.settle(ctx, head)
+	}
+	if err != nil {
+		return fmt.Errorf("reset to the head commit: %w", err)
+	}
+	return nil
+}
+
+// restoreGit makes the repository readable by its owner, removes nested
+// repositories, puts .git back (restore), checks that the base commit still
+// names the base tree, and points HEAD at the base.
+func (b *Base) restoreGit(ctx context.Context) error {
+	g := b.git
+	if err := makeOwnerAccessible(g.Dir); err != nil {
+		return err
+	}
+	if err := removeNestedGit(g.Dir); err != nil {
+		return err
+	}
+	if err := b.restore(); err != nil {
+		return err
+	}
+	tree, err := g.Run(ctx, "rev-parse", "--verify", b.Commit+"^{tree}")
+	if err != nil {
+		return tampered("the base commit cannot be read: %v", err)
+	}
+	if got := strings.TrimSpace(string(tree)); got != b.Tree {
+		return tampered("the base commit names tree %s, not the base tree %s", got, b.Tree)
+	}
+	if _, err := g.Run(ctx, "update-ref", "HEAD", b.Commit); err != nil {
+		return err
+	}
+	return nil
+}
+
+// settle makes the work tree exactly head's tree and leaves the index at
+// the base.
+func (b *Base) settle(ctx context.Context, head string) error {
+	if err := b.git.checkoutExactly(ctx, head); err != nil {
+		return err
+	}
+	return b.git.indexAtBase(ctx, b.Commit, head)
 }
 
 // restore puts .git back as the entry built it. It fails with

@@ -125,6 +125,10 @@ func (e *entry) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if dirs := writableAncestors(string(e.ws)); len(dirs) > 0 {
+		log.Warn("folders above the workspace are writable by the sandbox user; a check that looks for its configuration upwards (pytest) may read what a shell command planted there",
+			"folders", dirs)
+	}
 
 	client := NewAPIClient(spec.APISocket)
 	events, err := NewEventClient(EventsConfig{
@@ -202,15 +206,11 @@ func (e *entry) run(ctx context.Context) error {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalizeTimeout)
 	defer cancel()
 	fin, err := base.Finalize(fctx, spec.AllowedPaths, "belay: agent changes")
+	if err != nil && !errors.Is(err, ErrRepositoryTampered) {
+		return err
+	}
 	tamperedErr := err
-	if err != nil {
-		if !errors.Is(err, ErrRepositoryTampered) {
-			return err
-		}
-		log.Warn("the repository was tampered with; the run fails without a patch", "err", err)
-		writeTranscriptLine(transcript, e.now, map[string]any{"type": "repository.tampered", "error": err.Error()})
-		fin = Final{Head: base.Commit, Changed: []string{}}
-	} else {
+	if err == nil {
 		if len(fin.Discarded) > 0 {
 			log.Warn("changes outside the allowed paths were left out of the patch", "paths", len(fin.Discarded))
 			writeTranscriptLine(transcript, e.now, map[string]any{"type": "changes.discarded", "paths": fin.Discarded,
@@ -222,10 +222,18 @@ func (e *entry) run(ctx context.Context) error {
 	}
 
 	// The final checks run unless the run is being stopped or the
-	// repository cannot be vouched for.
+	// repository cannot be vouched for. Each runs on the head tree as
+	// Finalize left it: a check runs the patch's code, which may change
+	// what the next one would see.
 	stopping := ctx.Err() != nil || runOver.Load()
 	checks := make([]belay.CheckResult, len(spec.Checks))
 	for i, argv := range spec.Checks {
+		if i > 0 && tamperedErr == nil && !stopping && ctx.Err() == nil {
+			tamperedErr = e.resetForCheck(ctx, base, fin.Head, layout, git.Home)
+			if tamperedErr != nil && !errors.Is(tamperedErr, ErrRepositoryTampered) {
+				return tamperedErr
+			}
+		}
 		if tamperedErr != nil {
 			checks[i] = belay.CheckResult{Argv: argv, ExitCode: notRunExitCode,
 				OutputTail: "[belay: not run: the repository was tampered with]"}
@@ -235,7 +243,10 @@ func (e *entry) run(ctx context.Context) error {
 		e.killStrays(log)
 	}
 	if tamperedErr != nil {
+		log.Warn("the repository was tampered with; the run fails without a patch", "err", tamperedErr)
+		writeTranscriptLine(transcript, e.now, map[string]any{"type": "repository.tampered", "error": tamperedErr.Error()})
 		reason = ReasonRepositoryTampered
+		fin = Final{Head: base.Commit, Changed: []string{}}
 	}
 	return e.writeBundle(log, spec, base.Commit, fin, outcome, reason, checks, transcriptFile)
 }
@@ -353,6 +364,17 @@ func (f flushEventsFirst) RoundTrip(r *http.Request) (*http.Response, error) {
 	_ = f.events.Flush(ctx)
 	cancel()
 	return f.next.RoundTrip(r)
+}
+
+// resetForCheck puts the repository and the workspace back as they were
+// before the first final check (see Base.Reset).
+func (e *entry) resetForCheck(ctx context.Context, base *Base, head string, layout map[string]bool, home string) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalizeTimeout)
+	defer cancel()
+	if err := base.Reset(rctx, head); err != nil {
+		return err
+	}
+	return resetWorkspace(string(e.ws), layout, home)
 }
 
 // killStrays kills whatever the agent's commands left running outside

@@ -222,3 +222,44 @@ sleep 0.1`
 	}
 	assertCheckedTreeIsThePatch(t, filepath.Join(sr.ws, "repo"), testFiles, files["patch.diff"])
 }
+
+func TestEntryResetsTheTreeBetweenChecks(t *testing.T) {
+	// The first check runs a test the agent wrote (in the patch), and the
+	// test changes what the second check would see. Each check must run on
+	// the head tree all the same.
+	tests := []struct {
+		name     string
+		test     string
+		tampered bool
+	}{
+		{"a test fixes calc.py for the next check", "import pathlib\n\npathlib.Path('calc.py').write_text('def add(a, b):\\n    return a + b\\n')\n\n\ndef test_ok():\n    pass\n", false},
+		{"a test removes .git", "import shutil\n\nshutil.rmtree('.git')\n\n\ndef test_ok():\n    pass\n", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			script := scriptedmodel.Script{Name: "between", Steps: []scriptedmodel.Step{
+				toolCall(t, "write_file", map[string]string{"path": "tests/test_cheat.py", "content": tt.test}),
+				finishStep(),
+			}}
+			req := runRequest(belay.PolicyDenyAll, 0)
+			req["checks"] = [][]string{{"python3", "-m", "pytest", "-q"}, {"python3", "-c", "import calc; assert calc.add(2, 3) == 5"}}
+			_, bundle, files := runEntry(t, script, req, nil)
+			second := bundle.Checks[1]
+			switch {
+			case tt.tampered:
+				if bundle.Reason != sandbox.ReasonRepositoryTampered || second.ExitCode != -1 || len(files["patch.diff"]) != 0 {
+					t.Errorf("reason %q, second check exit %d, patch %d bytes; want %s, not run, no patch",
+						bundle.Reason, second.ExitCode, len(files["patch.diff"]), sandbox.ReasonRepositoryTampered)
+				}
+			default:
+				if bundle.Reason != sandbox.ReasonChecksFailed || second.ExitCode == 0 || second.ExitCode == -1 {
+					t.Errorf("reason %q, second check exit %d: %s; want %s, the second check run and failed",
+						bundle.Reason, second.ExitCode, second.OutputTail, sandbox.ReasonChecksFailed)
+				}
+				if !slices.Equal(bundle.ChangedFiles, []string{"tests/test_cheat.py"}) {
+					t.Errorf("changedFiles %q", bundle.ChangedFiles)
+				}
+			}
+		})
+	}
+}
