@@ -66,3 +66,37 @@ func BenchmarkRunCommand(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkFinalize measures what the entry does between the agent loop
+// and the first final check on a tree at the reference limits (32 files,
+// 512 KiB) with one file changed: put .git back, commit the allowed
+// changes, hash every object of the head, diff, and make the work tree
+// exactly the head.
+func BenchmarkFinalize(b *testing.B) {
+	w := newWorkspace(b, benchTree())
+	tools := newTools(b, w, func(c *sandbox.ToolsConfig) { c.AllowedPaths = []string{"pkg/**"} })
+	if out, isErr := tools.Call(context.Background(), sandbox.ToolWriteFile,
+		[]byte(`{"path":"pkg/mod_07.py","content":"def f(x):\n    return x + 2\n"}`)); isErr {
+		b.Fatal(out)
+	}
+	for b.Loop() {
+		if _, err := w.built.Finalize(context.Background(), []string{"pkg/**"}, "belay: agent changes"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReset measures putting the repository back between two final
+// checks on the same tree.
+func BenchmarkReset(b *testing.B) {
+	w := newWorkspace(b, benchTree())
+	fin, err := w.built.Finalize(context.Background(), []string{"pkg/**"}, "belay: agent changes")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := w.built.Reset(context.Background(), fin.Head); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
