@@ -32,7 +32,6 @@ const (
 	// with ".", so a temporary file is never mistaken for an artifact, and
 	// one left by a crash is ignored.
 	tempPrefix = ".tmp-"
-	maxIDLen   = 128
 )
 
 // Store keeps artifacts in a folder. It is safe for concurrent use, also by
@@ -80,10 +79,10 @@ func (s *Store) Close() error { return s.root.Close() }
 // artifact atomically. Returns invalid for a bad run id or name; too_large
 // over belay.MaxArtifactBytes, having written nothing.
 func (s *Store) PutArtifact(ctx context.Context, runID, name string, content []byte) error {
-	if err := checkRunID(runID); err != nil {
+	if err := belay.CheckArtifactRunID(runID); err != nil {
 		return err
 	}
-	if err := checkName(name); err != nil {
+	if err := belay.CheckArtifactName(name); err != nil {
 		return err
 	}
 	if len(content) > belay.MaxArtifactBytes {
@@ -167,10 +166,10 @@ func (s *Store) syncDir(name string) error {
 // GetArtifact returns the content of <runId>/<name>. Returns invalid for a
 // bad run id or name; not_found if the artifact does not exist.
 func (s *Store) GetArtifact(ctx context.Context, runID, name string) ([]byte, error) {
-	if err := checkRunID(runID); err != nil {
+	if err := belay.CheckArtifactRunID(runID); err != nil {
 		return nil, err
 	}
-	if err := checkName(name); err != nil {
+	if err := belay.CheckArtifactName(name); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -204,7 +203,7 @@ func (s *Store) GetArtifact(ctx context.Context, runID, name string) ([]byte, er
 // ListArtifacts returns the run's artifacts sorted by name; an empty list
 // when it has none. Returns invalid for a bad run id.
 func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]belay.ArtifactInfo, error) {
-	if err := checkRunID(runID); err != nil {
+	if err := belay.CheckArtifactRunID(runID); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -224,7 +223,7 @@ func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]belay.Artifa
 		return nil, fmt.Errorf("localdir: list artifacts of %s: %w", runID, err)
 	}
 	for _, e := range entries {
-		if !e.Type().IsRegular() || checkName(e.Name()) != nil {
+		if !e.Type().IsRegular() || belay.CheckArtifactName(e.Name()) != nil {
 			continue // a temporary file, or something that is not ours
 		}
 		fi, err := e.Info()
@@ -238,39 +237,4 @@ func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]belay.Artifa
 	}
 	slices.SortFunc(list, func(a, b belay.ArtifactInfo) int { return strings.Compare(a.Name, b.Name) })
 	return list, nil
-}
-
-// checkRunID admits 1–128 characters of [A-Za-z0-9_-]: enough for belay's
-// ids, and never a path separator or a dot segment.
-func checkRunID(id string) error {
-	if id == "" || len(id) > maxIDLen {
-		return belay.FieldErrorf(belay.CodeInvalid, "runId", "must be 1 to %d characters", maxIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		if !isIDByte(id[i]) {
-			return belay.FieldErrorf(belay.CodeInvalid, "runId", "may hold only letters, digits, '_' and '-'")
-		}
-	}
-	return nil
-}
-
-// checkName admits 1–128 characters of [A-Za-z0-9._-] not starting with
-// ".": a plain file name, never hidden, never a path.
-func checkName(name string) error {
-	if name == "" || len(name) > maxIDLen {
-		return belay.FieldErrorf(belay.CodeInvalid, "name", "must be 1 to %d characters", maxIDLen)
-	}
-	if name[0] == '.' {
-		return belay.FieldErrorf(belay.CodeInvalid, "name", "must not start with '.'")
-	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; !isIDByte(c) && c != '.' {
-			return belay.FieldErrorf(belay.CodeInvalid, "name", "may hold only letters, digits, '.', '_' and '-'")
-		}
-	}
-	return nil
-}
-
-func isIDByte(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
 }

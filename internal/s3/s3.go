@@ -29,7 +29,6 @@ import (
 )
 
 const (
-	maxIDLen = 128
 	// MaxPresignTTL is the longest a SigV4 presigned URL may live.
 	MaxPresignTTL = 7 * 24 * time.Hour
 	// MaxBytesMetadata is the user-metadata key (sent as the
@@ -91,10 +90,10 @@ func (s *Store) runPrefix(runID string) string {
 // replaces objects atomically). Returns invalid for a bad run id or name;
 // too_large over belay.MaxArtifactBytes, without calling S3.
 func (s *Store) PutArtifact(ctx context.Context, runID, name string, content []byte) error {
-	if err := checkRunID(runID); err != nil {
+	if err := belay.CheckArtifactRunID(runID); err != nil {
 		return err
 	}
-	if err := checkName(name); err != nil {
+	if err := belay.CheckArtifactName(name); err != nil {
 		return err
 	}
 	if len(content) > belay.MaxArtifactBytes {
@@ -118,10 +117,10 @@ func (s *Store) PutArtifact(ctx context.Context, runID, name string, content []b
 // Returns invalid for a bad run id or name; not_found if the object does
 // not exist; too_large if it is over its cap.
 func (s *Store) GetArtifact(ctx context.Context, runID, name string) ([]byte, error) {
-	if err := checkRunID(runID); err != nil {
+	if err := belay.CheckArtifactRunID(runID); err != nil {
 		return nil, err
 	}
-	if err := checkName(name); err != nil {
+	if err := belay.CheckArtifactName(name); err != nil {
 		return nil, err
 	}
 	out, err := s.client.GetObject(ctx, &awss3.GetObjectInput{
@@ -159,7 +158,7 @@ func (s *Store) GetArtifact(ctx context.Context, runID, name string) ([]byte, er
 // ListArtifacts returns the run's artifacts sorted by name, following every
 // page; an empty list when it has none. Returns invalid for a bad run id.
 func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]belay.ArtifactInfo, error) {
-	if err := checkRunID(runID); err != nil {
+	if err := belay.CheckArtifactRunID(runID); err != nil {
 		return nil, err
 	}
 	prefix := s.runPrefix(runID)
@@ -179,7 +178,7 @@ func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]belay.Artifa
 		}
 		for _, o := range page.Contents {
 			name := strings.TrimPrefix(aws.ToString(o.Key), prefix)
-			if checkName(name) != nil {
+			if belay.CheckArtifactName(name) != nil {
 				continue // not an artifact this store wrote
 			}
 			list = append(list, belay.ArtifactInfo{Name: name, Size: aws.ToInt64(o.Size)})
@@ -240,49 +239,14 @@ func uploadHeaders(signed http.Header) http.Header {
 }
 
 func checkPresign(runID, name string, ttl time.Duration) error {
-	if err := checkRunID(runID); err != nil {
+	if err := belay.CheckArtifactRunID(runID); err != nil {
 		return err
 	}
-	if err := checkName(name); err != nil {
+	if err := belay.CheckArtifactName(name); err != nil {
 		return err
 	}
 	if ttl < time.Second || ttl > MaxPresignTTL {
 		return belay.FieldErrorf(belay.CodeInvalid, "ttl", "must be 1s to %s", MaxPresignTTL)
 	}
 	return nil
-}
-
-// checkRunID admits 1–128 characters of [A-Za-z0-9_-], like localdir: a
-// run id can never add a "/" to a key and reach another run's objects.
-func checkRunID(id string) error {
-	if id == "" || len(id) > maxIDLen {
-		return belay.FieldErrorf(belay.CodeInvalid, "runId", "must be 1 to %d characters", maxIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		if !isIDByte(id[i]) {
-			return belay.FieldErrorf(belay.CodeInvalid, "runId", "may hold only letters, digits, '_' and '-'")
-		}
-	}
-	return nil
-}
-
-// checkName admits 1–128 characters of [A-Za-z0-9._-] not starting with
-// ".", like localdir.
-func checkName(name string) error {
-	if name == "" || len(name) > maxIDLen {
-		return belay.FieldErrorf(belay.CodeInvalid, "name", "must be 1 to %d characters", maxIDLen)
-	}
-	if name[0] == '.' {
-		return belay.FieldErrorf(belay.CodeInvalid, "name", "must not start with '.'")
-	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; !isIDByte(c) && c != '.' {
-			return belay.FieldErrorf(belay.CodeInvalid, "name", "may hold only letters, digits, '.', '_' and '-'")
-		}
-	}
-	return nil
-}
-
-func isIDByte(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
 }

@@ -1,0 +1,40 @@
+package belay
+
+// MaxArtifactIDLen bounds a run id and an artifact name in an artifact store.
+const MaxArtifactIDLen = 128
+
+// CheckArtifactRunID admits 1–128 characters of [A-Za-z0-9_-]: enough for
+// belay's run ids, and never a path separator or a dot segment, so a run id
+// can never reach another run's folder or objects. Returns invalid.
+func CheckArtifactRunID(id string) error {
+	if id == "" || len(id) > MaxArtifactIDLen {
+		return FieldErrorf(CodeInvalid, "runId", "must be 1 to %d characters", MaxArtifactIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if !isArtifactIDByte(id[i]) {
+			return FieldErrorf(CodeInvalid, "runId", "may hold only letters, digits, '_' and '-'")
+		}
+	}
+	return nil
+}
+
+// CheckArtifactName admits 1–128 characters of [A-Za-z0-9._-] not starting
+// with ".": a plain file name, never hidden, never a path. Returns invalid.
+func CheckArtifactName(name string) error {
+	if name == "" || len(name) > MaxArtifactIDLen {
+		return FieldErrorf(CodeInvalid, "name", "must be 1 to %d characters", MaxArtifactIDLen)
+	}
+	if name[0] == '.' {
+		return FieldErrorf(CodeInvalid, "name", "must not start with '.'")
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !isArtifactIDByte(c) && c != '.' {
+			return FieldErrorf(CodeInvalid, "name", "may hold only letters, digits, '.', '_' and '-'")
+		}
+	}
+	return nil
+}
+
+func isArtifactIDByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+}
