@@ -124,8 +124,10 @@ const (
 	MaxEventTextBytes = 2 << 10
 	// MaxToolResultBytes caps a tool result as the model and transcript see it.
 	MaxToolResultBytes = 64 << 10
-	// MaxSummaryBytes caps the summary the model gives to finish.
-	MaxSummaryBytes = 8 << 10
+	// MaxSummaryBytes caps the summary the model gives to finish, truncation
+	// note included: it is the result bundle's cap (belay.MaxSummaryBytes),
+	// so the sandbox never has to cut the note off.
+	MaxSummaryBytes = belay.MaxSummaryBytes
 	// MaxTranscriptBytes caps the transcript, below belay.MaxArtifactBytes
 	// so that the artifact is never refused for its size.
 	MaxTranscriptBytes = belay.MaxArtifactBytes - 64<<10
@@ -267,7 +269,7 @@ func (l *loop) run(ctx context.Context) Outcome {
 				return l.fail(ctx, step, errors.New("the model answered with neither text nor a tool call"))
 			}
 			l.out.Finished = true
-			l.out.Summary = capText(l.redact(msg.Content), MaxSummaryBytes)
+			l.out.Summary = capSummary(l.redact(msg.Content))
 			return l.end(ReasonFinished)
 		}
 
@@ -386,7 +388,7 @@ func (l *loop) toolCall(ctx context.Context, step int, tc openai.ChatCompletionM
 			break
 		}
 		l.out.Finished = true
-		l.out.Summary = capText(l.redact(summary), MaxSummaryBytes)
+		l.out.Summary = capSummary(l.redact(summary))
 		result = "finished"
 		finished = true
 	default:

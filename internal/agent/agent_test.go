@@ -554,6 +554,41 @@ func TestEventsAreBounded(t *testing.T) {
 	}
 }
 
+// TestLongSummaryFitsTheBundle gives a summary far over the result
+// bundle's cap: the outcome keeps its start and says it was cut, all within
+// belay.MaxSummaryBytes, so the note is not lost when the sandbox applies
+// the bundle's cap.
+func TestLongSummaryFitsTheBundle(t *testing.T) {
+	long := strings.Repeat("é", belay.MaxSummaryBytes) // twice the cap, two bytes a rune
+	finishArgs, err := json.Marshal(map[string]string{"summary": long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		steps []scriptedmodel.Step
+	}{
+		{"finish", []scriptedmodel.Step{{ToolCalls: []scriptedmodel.ToolCall{{Name: "finish", Arguments: finishArgs}}}}},
+		{"text after the nudge", []scriptedmodel.Step{{Content: "thinking"}, {Content: long}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runScript(t, scriptedmodel.Script{Name: "long-summary", Steps: tt.steps}, nil)
+			got := r.out.Summary
+			if r.out.Reason != agent.ReasonFinished || len(got) > belay.MaxSummaryBytes {
+				t.Fatalf("outcome %s with a %d-byte summary; want finished within %d bytes", r.out.Reason, len(got), belay.MaxSummaryBytes)
+			}
+			body, note, ok := strings.Cut(got, "\n[truncated: ")
+			if !ok || !strings.HasSuffix(note, fmt.Sprintf(" of %d bytes shown]", len(long))) {
+				t.Errorf("summary ends %q; want the truncation note", got[max(0, len(got)-80):])
+			}
+			if !strings.HasPrefix(long, body) || len(body) < belay.MaxSummaryBytes/2 || !utf8.ValidString(body) {
+				t.Errorf("summary keeps %d bytes (valid UTF-8 %v); want most of the cap, a prefix of what the model said", len(body), utf8.ValidString(body))
+			}
+		})
+	}
+}
+
 func TestCancelStopsTheLoopMidCall(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -166,6 +166,20 @@ func capText(s string, n int) string {
 	return short + fmt.Sprintf("\n[truncated: %d of %d bytes shown]", len(short), len(s))
 }
 
+// truncationNoteRoom is more than capText's note can take for any text a
+// process can hold ("\n[truncated: N of M bytes shown]", N and M at most
+// 19 digits).
+const truncationNoteRoom = 72
+
+// capSummary cuts a summary to MaxSummaryBytes, its truncation note
+// included, so that the note survives the result bundle's cap.
+func capSummary(s string) string {
+	if len(s) <= MaxSummaryBytes {
+		return s
+	}
+	return capText(s, MaxSummaryBytes-truncationNoteRoom)
+}
+
 // shortID bounds a model-chosen identifier (a tool name, a call id) for
 // events and logs.
 func shortID(s string) string {
