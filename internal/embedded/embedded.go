@@ -412,7 +412,7 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	m.addr = ln.Addr().String()
 	m.isolation = launcher.Isolation()
 	m.mu.Unlock()
-	if host, _, _ := net.SplitHostPort(m.addr); !isLoopback(host) {
+	if host, _, _ := net.SplitHostPort(m.addr); !httpapi.IsLoopbackHost(host) {
 		m.log.Warn("listening beyond loopback over plain HTTP: the control-plane token crosses the network in clear; put TLS in front", "addr", m.addr)
 	}
 	m.log.Info("belay control plane listening", "addr", m.addr, "data_dir", m.cfg.DataDir, "model", m.cfg.Model)
@@ -485,12 +485,4 @@ func (m *Main) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.runErr
-}
-
-func isLoopback(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

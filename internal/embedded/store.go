@@ -21,6 +21,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/dynamo"
+	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/localdir"
 	belays3 "github.com/belay-dev/belay/internal/s3"
 	"github.com/belay-dev/belay/internal/sqlite"
@@ -370,7 +371,7 @@ func sdkLogger(log *slog.Logger) logging.Logger {
 // warnPlainHTTP warns when run data would cross the network in clear.
 func warnPlainHTTP(log *slog.Logger, endpoint string) {
 	u, err := url.Parse(endpoint)
-	if err != nil || u.Scheme != "http" || isLoopback(u.Hostname()) {
+	if err != nil || u.Scheme != "http" || httpapi.IsLoopbackHost(u.Hostname()) {
 		return
 	}
 	log.Warn("AWS endpoint over plain HTTP beyond loopback: run requests and artifacts cross the network in clear", "endpoint", endpoint)

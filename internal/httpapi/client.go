@@ -110,7 +110,7 @@ func NewClient(endpoint, token string, opts ...ClientOption) (*Client, error) {
 		return nil, errors.New("belay endpoint must not carry credentials; the token is sent as a bearer token")
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		return nil, fmt.Errorf("belay endpoint %q must not have a query or a fragment", endpoint)
-	case u.Scheme == "http" && !isLoopbackHost(u.Hostname()):
+	case u.Scheme == "http" && !IsLoopbackHost(u.Hostname()):
 		return nil, fmt.Errorf("belay endpoint %q must use https: plain http is only for a loopback address, so the token never crosses a network in clear", endpoint)
 	case u.Scheme != "http" && u.Scheme != "https":
 		return nil, fmt.Errorf("belay endpoint %q must use https (or http to a loopback address)", endpoint)

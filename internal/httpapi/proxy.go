@@ -81,7 +81,7 @@ func ValidateUpstreamURL(raw string, allowLoopbackHTTP bool) error {
 		if !allowLoopbackHTTP {
 			return errors.New("upstream URL must use https")
 		}
-		if !isLoopbackHost(u.Hostname()) {
+		if !IsLoopbackHost(u.Hostname()) {
 			return errors.New("upstream URL may use plain http only for a loopback host")
 		}
 		return nil
@@ -90,7 +90,11 @@ func ValidateUpstreamURL(raw string, allowLoopbackHTTP bool) error {
 	}
 }
 
-func isLoopbackHost(host string) bool {
+// IsLoopbackHost reports whether host (a URL's Hostname, without port or
+// brackets) is "localhost" or a loopback IP address: the one place where
+// belay lets a secret travel over plain http. The handler, the client and
+// the embedded server all ask it, so they agree on what loopback is.
+func IsLoopbackHost(host string) bool {
 	if strings.EqualFold(host, "localhost") {
 		return true
 	}
