@@ -48,6 +48,17 @@ func (s *Server) expireIfDue(ctx context.Context, a belay.Approval) (belay.Appro
 	return decided, err
 }
 
+// currentApproval reads one approval with its timeout applied, as every
+// reader of a single approval must see it. Returns not_found if it does not
+// exist.
+func (s *Server) currentApproval(ctx context.Context, runID, id string) (belay.Approval, error) {
+	a, err := s.store.GetApproval(ctx, runID, id)
+	if err != nil {
+		return belay.Approval{}, err
+	}
+	return s.expireIfDue(ctx, a)
+}
+
 func (s *Server) handleListApprovals(w http.ResponseWriter, r *http.Request) {
 	id, err := runID(r)
 	if err != nil {
@@ -102,14 +113,10 @@ func (s *Server) handleDecideApproval(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
-	a, err := s.store.GetApproval(ctx, id, aid)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
 	// An expired ask is denied first, so a late decision is a conflict
 	// rather than silently overriding what the sandbox already saw.
-	if a, err = s.expireIfDue(ctx, a); err != nil {
+	a, err := s.currentApproval(ctx, id, aid)
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -258,13 +265,8 @@ func (s *Server) handleGetApprovalInternal(w http.ResponseWriter, r *http.Reques
 		s.writeError(w, r, err)
 		return
 	}
-	ctx := context.WithoutCancel(r.Context())
-	a, err := s.store.GetApproval(ctx, id, aid)
+	a, err := s.currentApproval(context.WithoutCancel(r.Context()), id, aid)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if a, err = s.expireIfDue(ctx, a); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
