@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/belay-dev/belay/internal/belay"
 )
@@ -92,9 +93,13 @@ func jsonProblem(err error) string {
 		return "truncated or empty JSON"
 	}
 	// The remaining decoder errors name an unknown field or similar and
-	// quote no values.
-	return err.Error()
+	// quote no values. The name is the caller's own, clipped so that a
+	// long one cannot make the answer large.
+	return clip(strings.TrimPrefix(err.Error(), "json: "), maxProblemLen)
 }
+
+// maxProblemLen bounds the decoder's own words in an error message.
+const maxProblemLen = 200
 
 func jsonKind(k string) string {
 	switch k {

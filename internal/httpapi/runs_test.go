@@ -555,3 +555,50 @@ func TestInternalErrorsAreOpaqueAndLogged(t *testing.T) {
 		t.Errorf("no error log line with the request id and run id:\n%s", h.logs.String())
 	}
 }
+
+func TestIsLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost":             true,
+		"LocalHost":             true,
+		"127.0.0.1":             true,
+		"127.8.9.10":            true,
+		"::1":                   true,
+		"::ffff:127.0.0.1":      true,
+		"":                      false,
+		"10.0.0.1":              false,
+		"0.0.0.0":               false,
+		"::":                    false,
+		"localhost.example.com": false,
+		"127.0.0.1.example.com": false,
+		"api.openai.com":        false,
+	} {
+		if got := httpapi.IsLoopbackHost(host); got != want {
+			t.Errorf("IsLoopbackHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
+
+// TestStrictBodyErrors shows what a caller reads about a body the strict
+// decoder refuses: the field it did not expect, in the API's words, and
+// never more than a short line however long the name it sent.
+func TestStrictBodyErrors(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	id := h.createRun(t, "")
+	long := strings.Repeat("n", 3<<10) // under the cancel body's 4 KiB cap
+	for _, tc := range []struct {
+		body, want string
+	}{
+		{`{"force":true}`, `unknown field "force"`},
+		{`{"` + long + `":1}`, `unknown field "nnnn`},
+	} {
+		a := h.public(t, "POST", "/v1/runs/"+id+"/cancel", tc.body)
+		var e httpapi.ErrorBody
+		a.decode(t, &e)
+		if a.status != 400 || e.Error.Code != belay.CodeInvalid || !strings.Contains(e.Error.Message, tc.want) {
+			t.Errorf("cancel with %s: %d %s, want 400 invalid naming %q", clipBody([]byte(tc.body)), a.status, clipBody(a.body), tc.want)
+		}
+		if strings.Contains(e.Error.Message, "json:") || len(e.Error.Message) > 400 {
+			t.Errorf("message %q: want the API's own words, at most 400 bytes", clipBody([]byte(e.Error.Message)))
+		}
+	}
+}
