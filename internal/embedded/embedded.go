@@ -116,11 +116,10 @@ func New(cfg Config) (*Main, error) {
 	m.sandboxBin = bin
 
 	if cfg.DataDir == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return nil, fmt.Errorf("no data directory: set %s (--data-dir): %w", EnvDataDir, err)
+		// The same rule the CLI follows to find the token file.
+		if cfg.DataDir = DefaultDataDir(os.LookupEnv); cfg.DataDir == "" {
+			return nil, fmt.Errorf("no data directory: set %s (--data-dir), XDG_DATA_HOME or HOME", EnvDataDir)
 		}
-		cfg.DataDir = filepath.Join(home, ".local", "share", "belay")
 	}
 	if cfg.DataDir, err = filepath.Abs(cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("%s (--data-dir): %w", EnvDataDir, err)

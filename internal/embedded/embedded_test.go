@@ -514,3 +514,25 @@ func TestDataDirLetsTheSandboxUserThrough(t *testing.T) {
 		t.Errorf("artifacts folder has mode %04o; want 0700", mode)
 	}
 }
+
+// TestNewDefaultDataDir shows that a Config without a data directory gets
+// the one DefaultDataDir names, where the CLI looks for the token.
+func TestNewDefaultDataDir(t *testing.T) {
+	xdg := t.TempDir()
+	t.Setenv(embedded.EnvDataDir, "")
+	t.Setenv("XDG_DATA_HOME", xdg)
+	cfg := embeddedtest.Config(t, nil)
+	cfg.DataDir = ""
+	m, err := embedded.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(xdg, "belay")
+	if m.DataDir() != want || m.TokenFile() != filepath.Join(want, embedded.ControlTokenFile) {
+		t.Fatalf("DataDir() = %q, TokenFile() = %q; want them under %s", m.DataDir(), m.TokenFile(), want)
+	}
+	tok, err := embedded.ReadControlToken(embedded.DefaultDataDir(os.LookupEnv))
+	if err != nil || tok != m.Token() {
+		t.Errorf("the CLI's lookup finds %v; want the token New wrote", err)
+	}
+}
