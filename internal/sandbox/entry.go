@@ -101,8 +101,10 @@ func (e *entry) run(ctx context.Context) error {
 	log := e.log.With("run_id", spec.RunID)
 	deadline := start.Add(time.Duration(spec.WallTimeSeconds) * time.Second)
 
+	// Owner-only, as the local launcher lays them out: home holds git's and
+	// Python's configuration, which no other user should read or plant.
 	for _, d := range []string{e.ws.OutDir(), e.ws.HomeDir()} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
 	}
@@ -247,6 +249,9 @@ func (e *entry) run(ctx context.Context) error {
 		writeTranscriptLine(transcript, e.now, map[string]any{"type": "repository.tampered", "error": tamperedErr.Error()})
 		reason = ReasonRepositoryTampered
 		fin = Final{Head: base.Commit, Changed: []string{}}
+	}
+	if dropped, err := transcript.loss(); dropped > 0 || err != nil {
+		log.Warn("the transcript is incomplete", "dropped_bytes", dropped, "err", err)
 	}
 	return e.writeBundle(log, spec, base.Commit, fin, outcome, reason, checks, transcriptFile)
 }

@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/belay-dev/belay/internal/belay"
 )
@@ -189,7 +188,7 @@ func (t *Tools) specs() []toolSpec {
 			objectSchema([]string{"argv"}, map[string]any{
 				"argv": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "description": "The check's argv, exactly as listed."},
 			})},
-		{ToolShell, "Run a shell command in the repository (no network, no secrets, 60 s at most). It needs approval under the run's policy and may be denied.",
+		{ToolShell, fmt.Sprintf("Run a shell command in the repository (no network, no secrets, %s at most). It needs approval under the run's policy and may be denied.", t.cfg.ShellTimeout),
 			objectSchema([]string{"command"}, map[string]any{"command": stringProp("The command line, run with /bin/sh -c.")})},
 	}
 }
@@ -692,8 +691,5 @@ func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
+	return truncateBytes(s, n) + "…"
 }

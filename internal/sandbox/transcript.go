@@ -59,9 +59,10 @@ func (t *transcriptWriter) write(p []byte) {
 	}
 }
 
-// Err returns the first write error of the underlying writer.
-func (t *transcriptWriter) Err() error {
+// loss reports what the transcript is missing: the bytes dropped past the
+// cap or after a failed write, and that write's error.
+func (t *transcriptWriter) loss() (dropped int64, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.err
+	return t.dropped, t.err
 }
