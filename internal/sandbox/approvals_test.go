@@ -46,12 +46,19 @@ func decideWhenAsked(t *testing.T, cp *controlPlane, runID string, d belay.Decis
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
+			// Not the test's goroutine: errors are reported, never Fatal.
 			var list httpapi.ApprovalList
-			cp.publicCall(t, "GET", "/v1/runs/"+runID+"/approvals", nil, 200, &list)
+			if err := cp.publicDo("GET", "/v1/runs/"+runID+"/approvals", nil, 200, &list); err != nil {
+				t.Errorf("list approvals: %v", err)
+				return
+			}
 			for _, a := range list.Approvals {
 				if a.Status == belay.ApprovalPending {
-					cp.publicCall(t, "POST", "/v1/runs/"+runID+"/approvals/"+a.ID,
-						httpapi.DecisionRequest{Decision: d, Reason: "looked fine"}, 200, nil)
+					if err := cp.publicDo("POST", "/v1/runs/"+runID+"/approvals/"+a.ID,
+						httpapi.DecisionRequest{Decision: d, Reason: "looked fine"}, 200, nil); err != nil {
+						t.Errorf("decide approval %s: %v", a.ID, err)
+						return
+					}
 					n--
 				}
 			}

@@ -6,7 +6,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -40,7 +42,9 @@ type controlPlane struct {
 	socket       string
 	public       *httptest.Server
 	controlToken string
-	logs         *syncBuffer
+	// logs is the control plane's own log, at debug level: a secret must
+	// not reach it either.
+	logs *syncBuffer
 	// front, when set, sees each internal request before the handler.
 	frontMu sync.Mutex
 	front   func(w http.ResponseWriter, r *http.Request, next http.Handler)
@@ -111,6 +115,7 @@ func newControlPlane(tb testing.TB, dir string, script scriptedmodel.Script, opt
 	cp.api, err = httpapi.New(httpapi.Config{
 		Store: st, Artifacts: arts, Orchestrator: noopOrchestrator{}, Signer: signer, Limits: lim,
 		ControlTokens: []string{cp.controlToken},
+		Logger:        slog.New(slog.NewJSONHandler(cp.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Upstream: httpapi.Upstream{
 			URL: modelSrv.URL + "/v1/chat/completions", AllowLoopbackHTTP: true,
 			Key: func(context.Context) (string, error) { return providerKeyCanary, nil },
@@ -180,34 +185,43 @@ func (cp *controlPlane) startRun(tb testing.TB, req map[string]any) (string, tok
 // publicCall calls the public API as the control-plane client does.
 func (cp *controlPlane) publicCall(tb testing.TB, method, path string, body any, wantStatus int, out any) {
 	tb.Helper()
+	if err := cp.publicDo(method, path, body, wantStatus, out); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// publicDo is publicCall for a goroutine other than the test's, which may
+// not call Fatal: it returns what went wrong.
+func (cp *controlPlane) publicDo(method, path string, body any, wantStatus int, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			tb.Fatal(err)
+			return err
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequest(method, cp.public.URL+path, rd)
 	if err != nil {
-		tb.Fatal(err)
+		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+cp.controlToken)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		tb.Fatal(err)
+		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != wantStatus {
-		tb.Fatalf("%s %s: status %d, want %d: %s", method, path, resp.StatusCode, wantStatus, data)
+		return fmt.Errorf("%s %s: status %d, want %d: %s", method, path, resp.StatusCode, wantStatus, data)
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
-			tb.Fatalf("%s %s: %v", method, path, err)
+			return fmt.Errorf("%s %s: %w", method, path, err)
 		}
 	}
+	return nil
 }
 
 // events returns the run's whole log.

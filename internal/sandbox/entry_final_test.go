@@ -197,9 +197,7 @@ PY`
 }
 
 func TestEntryKillsWhatCommandsLeftRunning(t *testing.T) {
-	if !isRoot() {
-		t.Skip("needs root to start the entry in a PID namespace of its own: run the tests as root (CI does)")
-	}
+	requireRoot(t, "to start the entry in a PID namespace of its own")
 	// A process that left the shell command's process group keeps changing
 	// an allowed file. Started as the init of its own PID namespace, as the
 	// local launcher and Fargate start it, the entry kills it before it

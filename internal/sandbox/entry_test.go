@@ -132,7 +132,8 @@ func (sr *sandboxRun) assertNoSecrets(t *testing.T) {
 		"model token": sr.tokens.Model, "events token": sr.tokens.Events, "approvals token": sr.tokens.Approvals,
 		"provider key": providerKeyCanary, "environment secret": envCanary,
 	}
-	places := map[string][]byte{"stdout": sr.stdout.Bytes(), "stderr": sr.stderr.Bytes()}
+	places := map[string][]byte{"stdout": sr.stdout.Bytes(), "stderr": sr.stderr.Bytes(),
+		"the control plane's log": []byte(sr.cp.logs.String())}
 	_ = filepath.Walk(sr.ws, func(p string, fi os.FileInfo, err error) error {
 		if err == nil && fi.IsDir() && p == filepath.Join(sr.ws, "tokens") {
 			return filepath.SkipDir // where the launcher put them; see the token tests
@@ -345,8 +346,8 @@ func TestEntryRefusesToStart(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if tt.root && !isRoot() {
-				t.Skip("needs root: run the tests as root (CI does)")
+			if tt.root {
+				requireRoot(t, "to start the entry as root")
 			}
 			sr := prepareSandbox(t, fixScript(), runRequest(belay.PolicyDenyAll, 0))
 			tt.setup(t, sr)
@@ -389,6 +390,9 @@ func TestEntryEndsTheAgentLoopAtTheWallTime(t *testing.T) {
 		t.Errorf("bundle status %s, reason %q; want failed, %s", bundle.Status, bundle.Reason, sandbox.ReasonWallTime)
 	}
 	// The final checks still ran, in the time kept for them.
+	if len(bundle.Checks) != len(sr.req.Checks) {
+		t.Fatalf("%d check results, want %d", len(bundle.Checks), len(sr.req.Checks))
+	}
 	for i, c := range bundle.Checks {
 		if c.ExitCode == -1 {
 			t.Errorf("checks[%d] did not run: %s", i, c.OutputTail)
@@ -415,6 +419,9 @@ func TestEntryReportsAnUnfinishedAgent(t *testing.T) {
 	}
 	if bundle.Status != belay.StatusFailed || bundle.ExitCode != 1 || bundle.Reason != "max_steps" {
 		t.Errorf("bundle status %s, exit %d, reason %q; want failed, 1, max_steps", bundle.Status, bundle.ExitCode, bundle.Reason)
+	}
+	if len(bundle.Checks) != len(sr.req.Checks) {
+		t.Fatalf("%d check results, want %d", len(bundle.Checks), len(sr.req.Checks))
 	}
 	for i, c := range bundle.Checks {
 		if c.ExitCode != 0 {

@@ -129,9 +129,7 @@ func TestHardenSetsNoNewPrivsAndNotDumpable(t *testing.T) {
 }
 
 func TestHardenRefusesRoot(t *testing.T) {
-	if !isRoot() {
-		t.Skip("needs root: run the tests as root (CI does) to see Harden refuse uid 0")
-	}
+	requireRoot(t, "to see Harden refuse uid 0")
 	// Harden checks the uid before changing anything, so calling it here
 	// leaves the test process as it was.
 	err := sandbox.Harden()

@@ -21,6 +21,20 @@ const testUID = 10001
 // isRoot reports whether the tests run as root.
 func isRoot() bool { return os.Geteuid() == 0 }
 
+// requireRoot skips a test that needs root when run by hand as another
+// user, saying why; in CI (CI set), where the tests always run as root, it
+// fails instead, so nothing is skipped there.
+func requireRoot(tb testing.TB, why string) {
+	tb.Helper()
+	if isRoot() {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		tb.Fatalf("needs root %s; CI runs the tests as root", why)
+	}
+	tb.Skipf("needs root %s: run the tests as root (sudo go test ./internal/sandbox/)", why)
+}
+
 // helperBinary copies the test binary where testUID can run it (go test
 // keeps it in an owner-only directory) and returns its path.
 func helperBinary(tb testing.TB) string {

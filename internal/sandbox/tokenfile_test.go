@@ -81,8 +81,8 @@ func TestReadTokenFileRefuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if tt.root && !isRoot() {
-				t.Skip("needs root to give the file another owner; run the tests as root (CI does)")
+			if tt.root {
+				requireRoot(t, "to give the file another owner")
 			}
 			dir := t.TempDir()
 			tt.setup(t, dir)
