@@ -11,9 +11,10 @@ import (
 type RunStore interface {
 	// CreateRun stores run (status queued, with ID, Request, RequestHash,
 	// CreatedAt and Usage.MaxRequests set) together with its run.queued
-	// event. With a non-empty idempotencyKey that was used before, it stores
-	// nothing and returns the earlier run and created=false when the
-	// RequestHash matches. Returns conflict if the key was used with another
+	// event (RunQueuedEvent). With a non-empty idempotencyKey that was used
+	// before, it stores nothing and returns the earlier run and
+	// created=false when the RequestHash matches. Returns invalid for a run
+	// PrepareNewRun refuses; conflict if the key was used with another
 	// request hash or the run id exists.
 	CreateRun(ctx context.Context, run Run, idempotencyKey string) (stored Run, created bool, err error)
 
@@ -26,9 +27,10 @@ type RunStore interface {
 
 	// Transition moves the run to t.To if its current state allows it (see
 	// AllowedFrom), recording the outcome fields and appending t.Events in
-	// the same atomic write. Returns not_found if the run does not exist;
-	// conflict if its state does not allow the move (a terminal state never
-	// changes), leaving the run and its log untouched.
+	// the same atomic write (TimedEvents). Returns invalid for an unknown
+	// state or events CheckEvents refuses; not_found if the run does not
+	// exist; conflict if its state does not allow the move (a terminal state
+	// never changes), leaving the run and its log untouched.
 	Transition(ctx context.Context, id string, t Transition) (Run, error)
 
 	// RequestCancel sets cancelRequested and appends a run.cancel_requested
@@ -44,8 +46,10 @@ type RunStore interface {
 	// step and returns them with their sequence numbers. A non-empty batchID
 	// makes the call idempotent: repeating it appends nothing and returns
 	// the events of the first call (those still in the buffer). Events that
-	// fall out of the bounded buffer are removed. Returns not_found if the
-	// run does not exist; conflict if it is terminal.
+	// fall out of the bounded buffer are removed. Every adapter takes up to
+	// MaxAppendEvents events in one call; one may refuse more with
+	// too_large. Returns invalid for events CheckEvents refuses; not_found
+	// if the run does not exist; conflict if it is terminal.
 	AppendEvents(ctx context.Context, runID, batchID string, events []EventInput) ([]Event, error)
 
 	// ListEvents returns up to limit events with Seq > after, oldest first,
@@ -58,14 +62,16 @@ type RunStore interface {
 // any number of concurrent calls against MaxRequests = n, exactly n succeed.
 type CapabilityStore interface {
 	// ActivateCapability stores c as the run's active capability (UsedRequests
-	// 0). Returns conflict if the run already has a capability, active or
-	// revoked: a capability is never swapped mid-run or revived.
+	// 0). Returns invalid for a capability CheckCapability refuses; conflict
+	// if the run already has a capability, active or revoked: a capability
+	// is never swapped mid-run or revived.
 	ActivateCapability(ctx context.Context, c Capability) error
 
 	// ConsumeModelRequest spends one request of the run's capability for the
 	// given model at time now. The outcome is inactive for a missing,
 	// revoked or other-model capability, expired at or after ExpiresAt,
 	// exhausted when UsedRequests reached MaxRequests. Only ok spends.
+	// Remaining is what is left to spend after the call: 0 when inactive.
 	ConsumeModelRequest(ctx context.Context, runID, model string, now time.Time) (ConsumeResult, error)
 
 	// RevokeCapability ends the run's capability for good. It is idempotent
@@ -80,9 +86,10 @@ type CapabilityStore interface {
 // appends its event (approval.requested, approval.decided) atomically.
 type ApprovalStore interface {
 	// CreateApproval stores a, pending or already decided (by policy), and
-	// appends approval.requested (and approval.decided when decided).
-	// Returns not_found if the run does not exist; conflict if it is
-	// terminal or the approval id exists.
+	// appends approval.requested (and approval.decided when decided; see
+	// ApprovalRequestedEvent, ApprovalDecidedEvent). Returns invalid for an
+	// approval CheckApproval refuses; not_found if the run does not exist;
+	// conflict if it is terminal or the approval id exists.
 	CreateApproval(ctx context.Context, a Approval) (Approval, error)
 
 	// GetApproval returns one approval. Returns not_found if it does not exist.

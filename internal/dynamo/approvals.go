@@ -3,7 +3,6 @@ package dynamo
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -18,26 +17,25 @@ import (
 
 // CreateApproval puts the APPR# item (conditioned on being absent) and
 // appends approval.requested, and approval.decided for an approval decided
-// by policy, in one transaction with the META update. Returns not_found if
-// the run does not exist; conflict if it is terminal or the approval exists.
+// by policy, in one transaction with the META update. Returns invalid for an
+// approval belay.CheckApproval refuses; not_found if the run does not exist;
+// conflict if it is terminal or the approval exists.
 func (s *Store) CreateApproval(ctx context.Context, a belay.Approval) (belay.Approval, error) {
-	if a.ID == "" || a.RunID == "" {
-		return belay.Approval{}, belay.Errorf(belay.CodeInvalid, "approval needs an id and a run id")
-	}
-	if a.Status == "" {
-		a.Status = belay.ApprovalPending
-	}
-	if a.Status == belay.ApprovalDecided && !a.Decision.Valid() {
-		return belay.Approval{}, belay.FieldErrorf(belay.CodeInvalid, "decision", "unknown decision %q", a.Decision)
+	if err := belay.CheckApproval(a); err != nil {
+		return belay.Approval{}, err
 	}
 	a.RequestedAt = utc(a.RequestedAt)
 	a.ExpiresAt = utc(a.ExpiresAt)
 	a.DecidedAt = utc(a.DecidedAt)
-	events := []belay.EventInput{{Time: a.RequestedAt, Type: belay.EventApprovalRequested, Data: requestedData(a)}}
-	if a.Status == belay.ApprovalDecided {
-		events = append(events, belay.EventInput{Time: a.DecidedAt, Type: belay.EventApprovalDecided, Data: decidedData(a)})
+	requested, err := belay.ApprovalRequestedEvent(a)
+	if err != nil {
+		return belay.Approval{}, fmt.Errorf("create approval %s of run %s: %w", a.ID, a.RunID, err)
 	}
-	_, err := s.writeRun(ctx, a.RunID, func(cur *runMeta) (*runChange, error) {
+	events := []belay.EventInput{requested}
+	if a.Status == belay.ApprovalDecided {
+		events = append(events, belay.ApprovalDecidedEvent(a))
+	}
+	_, err = s.writeRun(ctx, a.RunID, func(cur *runMeta) (*runChange, error) {
 		switch {
 		case cur == nil:
 			return nil, belay.Errorf(belay.CodeNotFound, "run %s not found", a.RunID)
@@ -71,29 +69,6 @@ func utc(t time.Time) time.Time {
 		return t
 	}
 	return t.UTC()
-}
-
-// requestedData is approval.requested's data: what a client needs to show
-// the question.
-func requestedData(a belay.Approval) json.RawMessage {
-	b, _ := json.Marshal(struct {
-		ID        string          `json:"approvalId"`
-		Tool      string          `json:"tool"`
-		Arguments json.RawMessage `json:"arguments,omitempty"`
-		ExpiresAt time.Time       `json:"expiresAt,omitzero"`
-	}{a.ID, a.Tool, a.Arguments, a.ExpiresAt})
-	return b
-}
-
-// decidedData is approval.decided's data.
-func decidedData(a belay.Approval) json.RawMessage {
-	b, _ := json.Marshal(struct {
-		ID        string         `json:"approvalId"`
-		Decision  belay.Decision `json:"decision"`
-		Reason    string         `json:"reason,omitempty"`
-		DecidedBy string         `json:"decidedBy,omitempty"`
-	}{a.ID, a.Decision, a.Reason, a.DecidedBy})
-	return b
 }
 
 // GetApproval reads one approval, strongly consistent: an agent polling for
@@ -208,7 +183,7 @@ func (s *Store) DecideApproval(ctx context.Context, runID, id string, d belay.De
 		return &runChange{
 			cond:   "NOT #status IN (:completed, :failed, :cancelled)",
 			values: terminalValues(),
-			events: []belay.EventInput{{Time: at, Type: belay.EventApprovalDecided, Data: decidedData(a)}},
+			events: []belay.EventInput{belay.ApprovalDecidedEvent(a)},
 			extra:  []types.TransactWriteItem{update},
 			extraFailed: func(_ int, old item) error {
 				if old == nil {

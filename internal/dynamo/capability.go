@@ -15,11 +15,12 @@ import (
 
 // ActivateCapability puts the run's CAP item if there is none, so a
 // capability is never swapped mid-run or revived after revocation. Its TTL is
-// the retention after its expiry. Returns conflict if the run already has a
+// the retention after its expiry. Returns invalid for a capability
+// belay.CheckCapability refuses; conflict if the run already has a
 // capability.
 func (s *Store) ActivateCapability(ctx context.Context, c belay.Capability) error {
-	if c.RunID == "" || c.MaxRequests < 0 {
-		return belay.Errorf(belay.CodeInvalid, "capability needs a run id and a budget of zero or more requests")
+	if err := belay.CheckCapability(c); err != nil {
+		return err
 	}
 	_, err := s.client.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                s.table,
@@ -44,8 +45,9 @@ const consumeCondition = "#state = :active AND #model = :model AND #expiresAt > 
 
 // ConsumeModelRequest spends one request with one conditional UpdateItem.
 // When the condition fails, the item as it was (ALL_OLD) says why, without a
-// second read: absent, revoked or another model is inactive; past expiry is
-// expired; otherwise the budget is exhausted.
+// second read: absent, revoked or another model is inactive (with nothing
+// left to spend); past expiry is expired; otherwise the budget is
+// exhausted.
 func (s *Store) ConsumeModelRequest(ctx context.Context, runID, model string, now time.Time) (belay.ConsumeResult, error) {
 	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                s.table,
@@ -74,7 +76,7 @@ func (s *Store) ConsumeModelRequest(ctx context.Context, runID, model string, no
 		left := max(0, c.MaxRequests-c.UsedRequests)
 		switch {
 		case c.State != belay.CapabilityActive || c.Model != model:
-			return belay.ConsumeResult{Outcome: belay.ConsumeInactive, Remaining: left}, nil
+			return belay.ConsumeResult{Outcome: belay.ConsumeInactive}, nil
 		case !now.Before(c.ExpiresAt):
 			return belay.ConsumeResult{Outcome: belay.ConsumeExpired, Remaining: left}, nil
 		default:

@@ -30,9 +30,14 @@ type batchReplay struct{ first, count int64 }
 // answers with the events it recorded. The ClientRequestToken of a batch is
 // derived from the table, the run, the batch, its events and the lastSeq it
 // was planned on, so a copy sent concurrently against the same state is
-// answered by DynamoDB without a second write. Returns not_found if the run
-// does not exist; conflict if it is terminal.
+// answered by DynamoDB without a second write. Returns invalid for events
+// belay.CheckEvents refuses; too_large for more than the transaction holds
+// (belay.MaxAppendEvents with a batch id); not_found if the run does not
+// exist; conflict if it is terminal.
 func (s *Store) AppendEvents(ctx context.Context, runID, batchID string, events []belay.EventInput) ([]belay.Event, error) {
+	if err := belay.CheckEvents(events); err != nil {
+		return nil, err
+	}
 	digest := eventsDigest(events)
 	for _, useToken := range []bool{true, false} {
 		var replay *batchReplay

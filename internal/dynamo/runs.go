@@ -20,20 +20,19 @@ import (
 // key) its idempotency item in one transaction. The idempotency item is
 // conditioned on being absent or past its TTL; when that condition fails,
 // the item returned with the failure names the earlier run and its request
-// hash, which decides between the earlier run and conflict. Returns conflict
-// if the key was used with another request or the run id exists.
-func (s *Store) CreateRun(ctx context.Context, run belay.Run, idempotencyKey string) (belay.Run, bool, error) {
-	if run.ID == "" {
-		return belay.Run{}, false, belay.FieldErrorf(belay.CodeInvalid, "runId", "must not be empty")
+// hash, which decides between the earlier run and conflict. Returns invalid
+// for a run belay.PrepareNewRun refuses; conflict if the key was used with
+// another request or the run id exists.
+func (s *Store) CreateRun(ctx context.Context, asked belay.Run, idempotencyKey string) (belay.Run, bool, error) {
+	run, err := belay.PrepareNewRun(asked)
+	if err != nil {
+		return belay.Run{}, false, err
 	}
 	chunks, err := encodeRequest(run.Request)
 	if err != nil {
 		return belay.Run{}, false, fmt.Errorf("create run %s: %w", run.ID, err)
 	}
 	run.CreatedAt = run.CreatedAt.UTC()
-	if run.UpdatedAt.IsZero() {
-		run.UpdatedAt = run.CreatedAt
-	}
 	run.UpdatedAt = run.UpdatedAt.UTC()
 	run.LastSeq = 1
 	ttl := s.ttlOf(run.CreatedAt)
@@ -41,7 +40,8 @@ func (s *Store) CreateRun(ctx context.Context, run belay.Run, idempotencyKey str
 	if err != nil {
 		return belay.Run{}, false, fmt.Errorf("create run %s: %w", run.ID, err)
 	}
-	queued := belay.Event{Seq: 1, Time: run.CreatedAt, Type: belay.EventRunQueued, Data: queuedEventData(run)}
+	in := belay.RunQueuedEvent(run)
+	queued := belay.Event{Seq: 1, Time: in.Time, Type: in.Type, Data: in.Data}
 
 	items := []types.TransactWriteItem{{Put: &types.Put{
 		TableName:                           s.table,
@@ -110,17 +110,6 @@ func (s *Store) CreateRun(ctx context.Context, run belay.Run, idempotencyKey str
 		}
 	}
 	return belay.Run{}, false, belay.Errorf(belay.CodeUnavailable, "too many concurrent writes; try again")
-}
-
-// queuedEventData is the run.queued event's data: what a reader of the log
-// needs to know about the run without fetching it.
-func queuedEventData(r belay.Run) json.RawMessage {
-	b, _ := json.Marshal(struct {
-		RunID       string `json:"runId"`
-		Model       string `json:"model"`
-		MaxRequests int    `json:"maxRequests"`
-	}{r.ID, r.Request.Model, r.Usage.MaxRequests})
-	return b
 }
 
 // GetRun reads the run's META and request chunks in one strongly consistent
@@ -363,11 +352,16 @@ func (s *Store) batchGet(ctx context.Context, keys []item) (map[string]item, err
 // Transition moves the run to t.To, recording the outcome and appending
 // t.Events in one transaction conditioned on the status it moves from (see
 // belay.AllowedFrom) and on lastSeq, so that a late completion cannot
-// overwrite a cancellation. Returns not_found if the run does not exist;
-// conflict if its state does not allow the move.
+// overwrite a cancellation. An event without a time takes t.At. Returns
+// invalid for an unknown state or a malformed event; not_found if the run
+// does not exist; conflict if its state does not allow the move.
 func (s *Store) Transition(ctx context.Context, id string, t belay.Transition) (belay.Run, error) {
 	if !t.To.Valid() {
 		return belay.Run{}, belay.FieldErrorf(belay.CodeInvalid, "status", "unknown status %q", t.To)
+	}
+	events := t.TimedEvents()
+	if err := belay.CheckEvents(events); err != nil {
+		return belay.Run{}, err
 	}
 	at := t.At.UTC()
 	_, err := s.writeRun(ctx, id, func(cur *runMeta) (*runChange, error) {
@@ -386,7 +380,7 @@ func (s *Store) Transition(ctx context.Context, id string, t belay.Transition) (
 				":statusPK": avS(statusPK(t.To)),
 				":at":       avTime(at),
 			},
-			events: t.Events,
+			events: events,
 		}
 		if t.To == belay.StatusRunning {
 			ch.set = append(ch.set, "#startedAt = :at")

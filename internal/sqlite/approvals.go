@@ -44,66 +44,25 @@ func loadApproval(ctx context.Context, q querier, runID, id string) (belay.Appro
 	return a, nil
 }
 
-// requestedEvent and decidedEvent are the data of the approval events: what
-// a client following the log needs to show or answer the request.
-type requestedEvent struct {
-	ApprovalID string          `json:"approvalId"`
-	Tool       string          `json:"tool"`
-	Arguments  json.RawMessage `json:"arguments,omitempty"`
-	ExpiresAt  time.Time       `json:"expiresAt,omitzero"`
-}
-
-type decidedEvent struct {
-	ApprovalID string         `json:"approvalId"`
-	Decision   belay.Decision `json:"decision"`
-	Reason     string         `json:"reason,omitempty"`
-	DecidedBy  string         `json:"decidedBy,omitempty"`
-}
-
-func decidedEventInput(a belay.Approval) (belay.EventInput, error) {
-	data, err := json.Marshal(decidedEvent{ApprovalID: a.ID, Decision: a.Decision, Reason: a.Reason, DecidedBy: a.DecidedBy})
-	return belay.EventInput{Time: a.DecidedAt, Type: belay.EventApprovalDecided, Data: data}, err
-}
-
-// checkApproval returns invalid for an approval the store cannot keep
-// consistently.
-func checkApproval(a belay.Approval) error {
-	switch {
-	case a.ID == "":
-		return belay.FieldErrorf(belay.CodeInvalid, "approvalId", "is empty")
-	case a.Tool == "":
-		return belay.FieldErrorf(belay.CodeInvalid, "tool", "is empty")
-	case len(a.Arguments) > 0 && !json.Valid(a.Arguments):
-		return belay.FieldErrorf(belay.CodeInvalid, "arguments", "is not valid JSON")
-	case a.Status == belay.ApprovalPending && a.Decision != "":
-		return belay.FieldErrorf(belay.CodeInvalid, "decision", "is set on a pending approval")
-	case a.Status == belay.ApprovalDecided && !a.Decision.Valid():
-		return belay.FieldErrorf(belay.CodeInvalid, "decision", "unknown decision %q", a.Decision)
-	case a.Status != belay.ApprovalPending && a.Status != belay.ApprovalDecided:
-		return belay.FieldErrorf(belay.CodeInvalid, "status", "unknown approval status %q", a.Status)
-	}
-	return checkTimes("approval", a.RequestedAt, a.ExpiresAt, a.DecidedAt)
-}
-
 // CreateApproval stores a and appends approval.requested, and
-// approval.decided when a is already decided. Returns invalid for a
-// malformed approval; not_found if the run does not exist; conflict if it
-// is terminal or the approval id exists.
+// approval.decided when a is already decided. Returns invalid for an
+// approval belay.CheckApproval refuses or with a time the store cannot
+// hold; not_found if the run does not exist; conflict if it is terminal or
+// the approval id exists.
 func (s *Store) CreateApproval(ctx context.Context, a belay.Approval) (belay.Approval, error) {
-	if err := checkApproval(a); err != nil {
+	if err := belay.CheckApproval(a); err != nil {
 		return belay.Approval{}, err
 	}
-	requested, err := json.Marshal(requestedEvent{ApprovalID: a.ID, Tool: a.Tool, Arguments: a.Arguments, ExpiresAt: a.ExpiresAt.UTC()})
-	if err != nil {
-		return belay.Approval{}, wrap("create approval "+a.ID, err)
+	if err := checkTimes("approval", a.RequestedAt, a.ExpiresAt, a.DecidedAt); err != nil {
+		return belay.Approval{}, err
 	}
-	events := []belay.EventInput{{Time: a.RequestedAt, Type: belay.EventApprovalRequested, Data: requested}}
+	requested, err := belay.ApprovalRequestedEvent(a)
+	if err != nil {
+		return belay.Approval{}, wrap(fmt.Sprintf("create approval %s of run %s", a.ID, a.RunID), err)
+	}
+	events := []belay.EventInput{requested}
 	if a.Status == belay.ApprovalDecided {
-		ev, err := decidedEventInput(a)
-		if err != nil {
-			return belay.Approval{}, wrap("create approval "+a.ID, err)
-		}
-		events = append(events, ev)
+		events = append(events, belay.ApprovalDecidedEvent(a))
 	}
 	err = s.update(ctx, func(tx *sql.Tx) error {
 		r, err := loadRun(ctx, tx, a.RunID)
@@ -202,11 +161,7 @@ func (s *Store) DecideApproval(ctx context.Context, runID, id string, d belay.De
 			return belay.Errorf(belay.CodeConflict, "run %s is %s; its approvals are closed", runID, r.Status)
 		}
 		a.Status, a.Decision, a.Reason, a.DecidedBy, a.DecidedAt = belay.ApprovalDecided, d, reason, by, at
-		ev, err := decidedEventInput(a)
-		if err != nil {
-			return err
-		}
-		if _, err := s.appendLocked(ctx, tx, &r, []belay.EventInput{ev}); err != nil {
+		if _, err := s.appendLocked(ctx, tx, &r, []belay.EventInput{belay.ApprovalDecidedEvent(a)}); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, "UPDATE approvals SET status = ?, decision = ?, reason = ?, decided_by = ?, decided_at = ? WHERE run_id = ? AND id = ?",

@@ -11,19 +11,12 @@ import (
 )
 
 // ActivateCapability stores c as the run's active capability with nothing
-// spent. Returns invalid for a capability without model, expiry or budget;
+// spent. Returns invalid for a capability belay.CheckCapability refuses;
 // not_found if the run does not exist; conflict if the run already has a
 // capability, active or revoked.
 func (s *Store) ActivateCapability(ctx context.Context, c belay.Capability) error {
-	switch {
-	case c.RunID == "":
-		return belay.FieldErrorf(belay.CodeInvalid, "runId", "is empty")
-	case c.Model == "":
-		return belay.FieldErrorf(belay.CodeInvalid, "model", "is empty")
-	case c.ExpiresAt.IsZero():
-		return belay.FieldErrorf(belay.CodeInvalid, "expiresAt", "is unset")
-	case c.MaxRequests < 1:
-		return belay.FieldErrorf(belay.CodeInvalid, "maxRequests", "must be at least 1, not %d", c.MaxRequests)
+	if err := belay.CheckCapability(c); err != nil {
+		return err
 	}
 	if err := checkTimes("expiresAt", c.ExpiresAt); err != nil {
 		return err

@@ -10,18 +10,14 @@ import (
 	"github.com/belay-dev/belay/internal/belay"
 )
 
-// checkEvents returns invalid for an event without a type, with data that
-// is not JSON, or with a time the store cannot hold.
+// checkEvents returns invalid for events belay.CheckEvents refuses, or with
+// a time the store cannot hold.
 func checkEvents(evs []belay.EventInput) error {
+	if err := belay.CheckEvents(evs); err != nil {
+		return err
+	}
 	for i, e := range evs {
-		field := fmt.Sprintf("events[%d]", i)
-		if e.Type == "" {
-			return belay.FieldErrorf(belay.CodeInvalid, field+".type", "is empty")
-		}
-		if len(e.Data) > 0 && !json.Valid(e.Data) {
-			return belay.FieldErrorf(belay.CodeInvalid, field+".data", "is not valid JSON")
-		}
-		if err := checkTimes(field+".time", e.Time); err != nil {
+		if err := checkTimes(fmt.Sprintf("events[%d].time", i), e.Time); err != nil {
 			return err
 		}
 	}

@@ -122,32 +122,20 @@ func saveRun(ctx context.Context, tx *sql.Tx, r belay.Run) error {
 
 // CreateRun stores a queued run and its run.queued event, or with a known
 // idempotency key returns the earlier run. Returns invalid for a run
-// without an id or creation time; conflict if the key was used with
-// another request hash or the run id exists.
+// belay.PrepareNewRun refuses or with a time the store cannot hold;
+// conflict if the key was used with another request hash or the run id
+// exists.
 func (s *Store) CreateRun(ctx context.Context, run belay.Run, idempotencyKey string) (belay.Run, bool, error) {
-	if run.ID == "" {
-		return belay.Run{}, false, belay.FieldErrorf(belay.CodeInvalid, "runId", "is empty")
-	}
-	if run.Status != "" && run.Status != belay.StatusQueued {
-		return belay.Run{}, false, belay.FieldErrorf(belay.CodeInvalid, "status", "a new run is queued, not %s", run.Status)
-	}
-	if run.CreatedAt.IsZero() {
-		return belay.Run{}, false, belay.FieldErrorf(belay.CodeInvalid, "createdAt", "is unset")
-	}
-	if err := checkTimes("createdAt", run.CreatedAt, run.UpdatedAt); err != nil {
+	stored, err := belay.PrepareNewRun(run)
+	if err != nil {
 		return belay.Run{}, false, err
 	}
-	request, err := json.Marshal(run.Request)
+	if err := checkTimes("createdAt", stored.CreatedAt, stored.UpdatedAt); err != nil {
+		return belay.Run{}, false, err
+	}
+	request, err := json.Marshal(stored.Request)
 	if err != nil {
 		return belay.Run{}, false, wrap("create run "+run.ID, fmt.Errorf("encode request: %w", err))
-	}
-	// A new run carries only what creation knows; the rest is learned later.
-	stored := belay.Run{
-		ID: run.ID, Status: belay.StatusQueued, Request: run.Request, RequestHash: run.RequestHash,
-		CreatedAt: run.CreatedAt, UpdatedAt: run.UpdatedAt, Usage: run.Usage,
-	}
-	if stored.UpdatedAt.IsZero() {
-		stored.UpdatedAt = stored.CreatedAt
 	}
 	key := sql.NullString{String: idempotencyKey, Valid: idempotencyKey != ""}
 	created := false
@@ -180,7 +168,7 @@ func (s *Store) CreateRun(ctx context.Context, run belay.Run, idempotencyKey str
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
 		}
-		if _, err := s.appendLocked(ctx, tx, &stored, []belay.EventInput{{Time: stored.CreatedAt, Type: belay.EventRunQueued}}); err != nil {
+		if _, err := s.appendLocked(ctx, tx, &stored, []belay.EventInput{belay.RunQueuedEvent(stored)}); err != nil {
 			return err
 		}
 		created = true
@@ -284,8 +272,9 @@ func (s *Store) ListRuns(ctx context.Context, q belay.ListRunsQuery) (belay.RunP
 
 // Transition moves the run to t.To when belay.AllowedFrom permits it,
 // records the outcome and appends t.Events, all in one transaction.
-// Returns invalid for an unknown state or malformed event; not_found if
-// the run does not exist; conflict if its state does not allow the move.
+// An event without a time takes t.At. Returns invalid for an unknown state
+// or a malformed event; not_found if the run does not exist; conflict if
+// its state does not allow the move.
 func (s *Store) Transition(ctx context.Context, id string, t belay.Transition) (belay.Run, error) {
 	if !t.To.Valid() {
 		return belay.Run{}, belay.FieldErrorf(belay.CodeInvalid, "status", "unknown status %q", t.To)
@@ -293,13 +282,7 @@ func (s *Store) Transition(ctx context.Context, id string, t belay.Transition) (
 	if err := checkTimes("at", t.At); err != nil {
 		return belay.Run{}, err
 	}
-	events := make([]belay.EventInput, len(t.Events))
-	for i, e := range t.Events {
-		if e.Time.IsZero() {
-			e.Time = t.At
-		}
-		events[i] = e
-	}
+	events := t.TimedEvents()
 	if err := checkEvents(events); err != nil {
 		return belay.Run{}, err
 	}

@@ -41,9 +41,10 @@ func mustApproval(tb testing.TB, s belay.Store, runID, id string) belay.Approval
 }
 
 // wantApprovalEvent fails the test unless e is an event of type typ about
-// approval id, at time when: a client following the log must be able to tell
-// which approval it concerns.
-func wantApprovalEvent(tb testing.TB, e belay.Event, seq int64, typ, id string, when time.Time) {
+// approval a, at time when: a client following the log must be able to tell
+// which approval it concerns, and every adapter writes the same data
+// (belay.ApprovalRequestedEvent, belay.ApprovalDecidedEvent).
+func wantApprovalEvent(tb testing.TB, e belay.Event, seq int64, typ string, a belay.Approval, when time.Time) {
 	tb.Helper()
 	var data struct {
 		ApprovalID string `json:"approvalId"`
@@ -51,8 +52,18 @@ func wantApprovalEvent(tb testing.TB, e belay.Event, seq int64, typ, id string, 
 	if e.Seq != seq || e.Type != typ || !e.Time.Equal(when) {
 		tb.Fatalf("event = %d %s %v, want %d %s %v", e.Seq, e.Type, e.Time, seq, typ, when)
 	}
-	if err := json.Unmarshal(e.Data, &data); err != nil || data.ApprovalID != id {
-		tb.Fatalf("%s event data %s does not name approvalId %q", typ, e.Data, id)
+	if err := json.Unmarshal(e.Data, &data); err != nil || data.ApprovalID != a.ID {
+		tb.Fatalf("%s event data %s does not name approvalId %q", typ, e.Data, a.ID)
+	}
+	want := belay.ApprovalDecidedEvent(a)
+	if typ == belay.EventApprovalRequested {
+		var err error
+		if want, err = belay.ApprovalRequestedEvent(a); err != nil {
+			tb.Fatalf("ApprovalRequestedEvent: %v", err)
+		}
+	}
+	if !jsonEqual(e.Data, want.Data) {
+		tb.Fatalf("%s event data = %s, want %s", typ, e.Data, want.Data)
 	}
 }
 
@@ -71,7 +82,37 @@ func testApprovals(t *testing.T, open opener) {
 		if p.LastSeq != r.LastSeq+1 {
 			t.Fatalf("lastSeq = %d, want %d", p.LastSeq, r.LastSeq+1)
 		}
-		wantApprovalEvent(t, p.Events[len(p.Events)-1], r.LastSeq+1, belay.EventApprovalRequested, "appr-1", a.RequestedAt)
+		wantApprovalEvent(t, p.Events[len(p.Events)-1], r.LastSeq+1, belay.EventApprovalRequested, a, a.RequestedAt)
+	})
+
+	t.Run("create_invalid", func(t *testing.T) {
+		s := open(t, Options{})
+		r := createIn(t, s, "run-a", belay.StatusRunning)
+		for _, c := range []struct {
+			name   string
+			mutate func(a *belay.Approval)
+		}{
+			{"no_id", func(a *belay.Approval) { a.ID = "" }},
+			{"no_run", func(a *belay.Approval) { a.RunID = "" }},
+			{"no_tool", func(a *belay.Approval) { a.Tool = "" }},
+			{"arguments_not_json", func(a *belay.Approval) { a.Arguments = json.RawMessage(`{"command":`) }},
+			{"no_status", func(a *belay.Approval) { a.Status = "" }},
+			{"unknown_status", func(a *belay.Approval) { a.Status = "maybe" }},
+			{"pending_with_decision", func(a *belay.Approval) { a.Decision = belay.DecisionDeny }},
+			{"decided_without_decision", func(a *belay.Approval) { a.Status = belay.ApprovalDecided }},
+			{"decided_unknown_decision", func(a *belay.Approval) { a.Status, a.Decision = belay.ApprovalDecided, "perhaps" }},
+		} {
+			a := newApproval("run-a", "appr-"+c.name, 100)
+			c.mutate(&a)
+			_, err := s.CreateApproval(t.Context(), a)
+			wantCode(t, err, belay.CodeInvalid, name("CreateApproval(%s)", c.name))
+		}
+		if l, err := s.ListApprovals(t.Context(), "run-a"); err != nil || len(l) != 0 {
+			t.Fatalf("ListApprovals after refused creates = %d approvals, %v; want 0", len(l), err)
+		}
+		if got := mustGet(t, s, "run-a").LastSeq; got != r.LastSeq {
+			t.Fatalf("refused creates appended events: lastSeq %d, want %d", got, r.LastSeq)
+		}
 	})
 
 	t.Run("create_decided_by_policy", func(t *testing.T) {
@@ -91,8 +132,8 @@ func testApprovals(t *testing.T, open opener) {
 			t.Fatalf("lastSeq = %d, want %d (requested and decided)", p.LastSeq, r.LastSeq+2)
 		}
 		n := len(p.Events)
-		wantApprovalEvent(t, p.Events[n-2], r.LastSeq+1, belay.EventApprovalRequested, "appr-1", a.RequestedAt)
-		wantApprovalEvent(t, p.Events[n-1], r.LastSeq+2, belay.EventApprovalDecided, "appr-1", a.DecidedAt)
+		wantApprovalEvent(t, p.Events[n-2], r.LastSeq+1, belay.EventApprovalRequested, a, a.RequestedAt)
+		wantApprovalEvent(t, p.Events[n-1], r.LastSeq+2, belay.EventApprovalDecided, a, a.DecidedAt)
 		_, err = s.DecideApproval(t.Context(), "run-a", "appr-1", belay.DecisionDeny, "too late", "user", at(101))
 		wantCode(t, err, belay.CodeConflict, "DecideApproval(decided by policy)")
 		sameApproval(t, "approval after a refused decision", mustApproval(t, s, "run-a", "appr-1"), a)
@@ -118,7 +159,7 @@ func testApprovals(t *testing.T, open opener) {
 		if p.LastSeq != before+1 {
 			t.Fatalf("lastSeq = %d, want %d", p.LastSeq, before+1)
 		}
-		wantApprovalEvent(t, p.Events[len(p.Events)-1], before+1, belay.EventApprovalDecided, "appr-1", at(130))
+		wantApprovalEvent(t, p.Events[len(p.Events)-1], before+1, belay.EventApprovalDecided, want, at(130))
 
 		_, err = s.DecideApproval(t.Context(), "run-a", "appr-1", belay.DecisionAllowSession, "changed my mind", "user", at(131))
 		wantCode(t, err, belay.CodeConflict, "second DecideApproval")

@@ -64,6 +64,29 @@ func testCapability(t *testing.T, open opener) {
 		wantCapability(t, s, c, belay.CapabilityActive, 0)
 	})
 
+	t.Run("activate_invalid", func(t *testing.T) {
+		s := open(t, Options{})
+		createIn(t, s, "run-cap", belay.StatusQueued)
+		for _, c := range []struct {
+			name   string
+			mutate func(c *belay.Capability)
+		}{
+			{"no_model", func(c *belay.Capability) { c.Model = "" }},
+			{"no_expiry", func(c *belay.Capability) { c.ExpiresAt = time.Time{} }},
+			{"zero_budget", func(c *belay.Capability) { c.MaxRequests = 0 }},
+			{"negative_budget", func(c *belay.Capability) { c.MaxRequests = -1 }},
+		} {
+			bad := newCapability("run-cap", 5, at(600))
+			c.mutate(&bad)
+			wantCode(t, s.ActivateCapability(t.Context(), bad), belay.CodeInvalid, name("ActivateCapability(%s)", c.name))
+		}
+		wantCode(t, s.ActivateCapability(t.Context(), newCapability("", 5, at(600))), belay.CodeInvalid, "ActivateCapability(no run id)")
+		_, err := s.GetCapability(t.Context(), "run-cap")
+		wantCode(t, err, belay.CodeNotFound, "GetCapability after refused activations")
+		// The refusals left the way open for a good one.
+		mustActivate(t, s, newCapability("run-cap", 5, at(600)))
+	})
+
 	t.Run("activate_twice_conflicts", func(t *testing.T) {
 		s := open(t, Options{})
 		createIn(t, s, "run-cap", belay.StatusRunning)
@@ -120,8 +143,9 @@ func testCapability(t *testing.T, open opener) {
 			t.Fatalf("consume 1ns before expiry = %s, want ok", got.Outcome)
 		}
 		for _, now := range []time.Time{expires, expires.Add(time.Nanosecond), expires.Add(time.Hour)} {
-			if got := consume(t, s, "run-cap", testModel, now); got.Outcome != belay.ConsumeExpired {
-				t.Fatalf("consume at expiry%+v = %s, want expired", now.Sub(expires), got.Outcome)
+			want := belay.ConsumeResult{Outcome: belay.ConsumeExpired, Remaining: 9}
+			if got := consume(t, s, "run-cap", testModel, now); got != want {
+				t.Fatalf("consume at expiry%+v = %+v, want %+v", now.Sub(expires), got, want)
 			}
 		}
 		// Expiry spends nothing and removes nothing.
@@ -146,8 +170,8 @@ func testCapability(t *testing.T, open opener) {
 			{"other_model", "run-other", "some-other-model"},
 			{"revoked", "run-revoked", testModel},
 		} {
-			if got := consume(t, s, c.run, c.model, at(1)); got.Outcome != belay.ConsumeInactive {
-				t.Fatalf("%s: consume = %s, want inactive", c.name, got.Outcome)
+			if got := consume(t, s, c.run, c.model, at(1)); got != (belay.ConsumeResult{Outcome: belay.ConsumeInactive}) {
+				t.Fatalf("%s: consume = %+v, want inactive with nothing remaining", c.name, got)
 			}
 		}
 		wantCapability(t, s, other, belay.CapabilityActive, 0)

@@ -142,6 +142,37 @@ func testEvents(t *testing.T, open opener) {
 		})
 	}
 
+	t.Run("invalid", func(t *testing.T) {
+		s := open(t, Options{})
+		createIn(t, s, "run-inv", belay.StatusRunning)
+		log := allEvents(t, s, "run-inv")
+		for _, c := range []struct {
+			name string
+			bad  belay.EventInput
+		}{
+			{"no_type", belay.EventInput{Time: at(100), Type: ""}},
+			{"data_not_json", belay.EventInput{Time: at(100), Type: belay.EventToolCall, Data: json.RawMessage(`{"tool":`)}},
+		} {
+			in := append(toolEvents(2, 100), c.bad)
+			_, err := s.AppendEvents(t.Context(), "run-inv", "batch-"+c.name, in)
+			wantCode(t, err, belay.CodeInvalid, name("AppendEvents(%s)", c.name))
+			sameEvents(t, name("log after a refused append (%s)", c.name), allEvents(t, s, "run-inv").Events, log.Events)
+		}
+	})
+
+	t.Run("largest_batch", func(t *testing.T) {
+		s := open(t, Options{})
+		mustCreate(t, s, newRun("run-max", at(0), "hash-max"), "")
+		in := toolEvents(belay.MaxAppendEvents, 100)
+		got := mustAppend(t, s, "run-max", "batch-max", in)
+		sameEvents(t, "AppendEvents of MaxAppendEvents", got, asEvents(2, in))
+		again := mustAppend(t, s, "run-max", "batch-max", in)
+		sameEvents(t, "repeated AppendEvents of MaxAppendEvents", again, got)
+		if p := allEvents(t, s, "run-max"); p.LastSeq != int64(belay.MaxAppendEvents)+1 {
+			t.Fatalf("lastSeq = %d, want %d", p.LastSeq, belay.MaxAppendEvents+1)
+		}
+	})
+
 	t.Run("not_found", func(t *testing.T) {
 		s := open(t, Options{})
 		_, err := s.AppendEvents(t.Context(), "run-missing", "", toolEvents(1, 0))

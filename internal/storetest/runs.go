@@ -38,6 +38,9 @@ func testRuns(t *testing.T, open opener) {
 			t.Fatalf("log of a new run = %v %v, want [1] [run.queued]", eventSeqs(p.Events), eventTypes(p.Events))
 		}
 		sameTime(t, "run.queued time", p.Events[0].Time, want.CreatedAt)
+		if wantData := belay.RunQueuedEvent(want).Data; !jsonEqual(p.Events[0].Data, wantData) {
+			t.Fatalf("run.queued data = %s, want %s", p.Events[0].Data, wantData)
+		}
 		if p.LastSeq != 1 || p.OldestSeq != 1 || p.Missed || p.Terminal {
 			t.Fatalf("page = last %d oldest %d missed %v terminal %v, want 1 1 false false",
 				p.LastSeq, p.OldestSeq, p.Missed, p.Terminal)
@@ -48,6 +51,44 @@ func testRuns(t *testing.T, open opener) {
 		s := open(t, Options{})
 		_, err := s.GetRun(t.Context(), "run-missing")
 		wantCode(t, err, belay.CodeNotFound, "GetRun(missing)")
+	})
+
+	t.Run("create_invalid", func(t *testing.T) {
+		s := open(t, Options{})
+		for _, c := range []struct {
+			name   string
+			mutate func(r *belay.Run)
+		}{
+			{"no_id", func(r *belay.Run) { r.ID = "" }},
+			{"not_queued", func(r *belay.Run) { r.Status = belay.StatusRunning }},
+			{"no_creation_time", func(r *belay.Run) { r.CreatedAt, r.UpdatedAt = time.Time{}, time.Time{} }},
+		} {
+			r := newRun("run-bad", at(0), "hash-bad")
+			c.mutate(&r)
+			_, _, err := s.CreateRun(t.Context(), r, "key-"+c.name)
+			wantCode(t, err, belay.CodeInvalid, name("CreateRun(%s)", c.name))
+		}
+		if runs, _ := listAll(t, s, belay.ListRunsQuery{Limit: 10}); len(runs) != 0 {
+			t.Fatalf("refused creates stored %v", runIDs(runs))
+		}
+		// The refusals used no idempotency key up.
+		mustCreate(t, s, newRun("run-good", at(1), "hash-good"), "key-no_id")
+	})
+
+	t.Run("create_keeps_only_creation_fields", func(t *testing.T) {
+		s := open(t, Options{})
+		asked := newRun("run-fresh", at(0), "hash-fresh")
+		asked.Status = ""
+		asked.UpdatedAt = time.Time{}
+		asked.StartedAt, asked.FinishedAt = at(5), at(6)
+		asked.CancelRequested, asked.Reason, asked.ExitCode = true, "made up", intp(3)
+		asked.Checks = []belay.CheckResult{{Argv: []string{"true"}}}
+		asked.ChangedFiles, asked.Artifacts, asked.LastSeq = []string{"calc.py"}, []string{"result.json"}, 42
+		got := mustCreate(t, s, asked, "")
+		want := newRun("run-fresh", at(0), "hash-fresh")
+		want.LastSeq = 1
+		sameRun(t, "CreateRun of a run with later fields set", got, want)
+		sameRun(t, "GetRun of it", mustGet(t, s, "run-fresh"), want)
 	})
 
 	t.Run("duplicate_id", func(t *testing.T) {

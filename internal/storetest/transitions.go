@@ -125,6 +125,41 @@ func testTransitions(t *testing.T, open opener) {
 		}
 	})
 
+	t.Run("event_time_defaults_to_transition", func(t *testing.T) {
+		s := open(t, Options{})
+		mustCreate(t, s, newRun("run-time", at(0), "hash-time"), "")
+		r, err := s.Transition(t.Context(), "run-time", belay.Transition{
+			To: belay.StatusRunning, At: at(7),
+			Events: []belay.EventInput{{Type: belay.EventRunStarted}, {Time: at(8), Type: belay.EventSandboxReady}},
+		})
+		if err != nil {
+			t.Fatalf("Transition: %v", err)
+		}
+		want := []belay.Event{
+			{Seq: 2, Time: at(7), Type: belay.EventRunStarted},
+			{Seq: 3, Time: at(8), Type: belay.EventSandboxReady},
+		}
+		sameEvents(t, "events of the transition", allEvents(t, s, "run-time").Events[1:], want)
+		sameTime(t, "StartedAt", r.StartedAt, at(7))
+	})
+
+	t.Run("invalid_events", func(t *testing.T) {
+		s := open(t, Options{})
+		before := createIn(t, s, "run-inv", belay.StatusRunning)
+		log := allEvents(t, s, "run-inv")
+		for _, ev := range []belay.EventInput{
+			{Time: at(5), Type: ""},
+			{Time: at(5), Type: belay.EventRunCompleted, Data: json.RawMessage(`{"exitCode":`)},
+		} {
+			tr := transitionTo(belay.StatusCompleted, at(5))
+			tr.Events = append(tr.Events, ev)
+			_, err := s.Transition(t.Context(), "run-inv", tr)
+			wantCode(t, err, belay.CodeInvalid, name("Transition with event %q %s", ev.Type, ev.Data))
+			sameRun(t, "run after a refused transition", mustGet(t, s, "run-inv"), before)
+			sameEvents(t, "log after a refused transition", allEvents(t, s, "run-inv").Events, log.Events)
+		}
+	})
+
 	t.Run("fail_before_start", func(t *testing.T) {
 		s := open(t, Options{})
 		mustCreate(t, s, newRun("run-fail", at(0), "hash-fail"), "")
