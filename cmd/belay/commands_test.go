@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/embedded"
@@ -213,5 +215,49 @@ func TestServeRefusesBadConfig(t *testing.T) {
 				t.Errorf("belay serve = %d\nstderr: %s\nwant an error with %q", r.code, r.stderr, tt.stderr)
 			}
 		})
+	}
+}
+
+// TestOutputEscapesTerminalControls feeds a run's log the kind of text a
+// hostile model or sandbox could write, terminal escape sequences among it
+// (clear the screen, set the clipboard, a bare carriage return that hides
+// what came before), and shows that `belay events` prints them escaped.
+func TestOutputEscapesTerminalControls(t *testing.T) {
+	s := startServer(t, func(c *embedded.Config) { c.SandboxBin = embeddedtest.IdleSandbox(t) })
+	r := s.belay(t, "run", project(t), "--instruction", "Fix it", "--allow", "calc.py", "--check", "python3 -m pytest -q")
+	if r.code != 0 {
+		t.Fatalf("belay run = %d: %s", r.code, r.stderr)
+	}
+	id := strings.TrimSpace(r.stdout)
+	s.waitForEvent(t, id, belay.EventRunStarted)
+
+	batch := `{"batchId":"escapes","events":[` +
+		`{"type":"agent.message","data":{"text":"all fixed\u001b]52;c;ZXZpbA==\u0007\rnothing to see"}},` +
+		`{"type":"tool.result","data":{"step":1,"name":"read_file","result":"\u001b[2J\u009b31mred"}}]}`
+	req, err := http.NewRequest("POST", "http://"+s.main.Addr()+"/internal/v1/runs/"+id+"/events", strings.NewReader(batch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.runTokens(t, id).Events)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("append the events: %d", resp.StatusCode)
+	}
+
+	out := s.belay(t, "events", id)
+	if out.code != 0 {
+		t.Fatalf("belay events = %d: %s", out.code, out.stderr)
+	}
+	if i := strings.IndexFunc(out.stdout, func(r rune) bool { return r != '\n' && unicode.IsControl(r) }); i >= 0 {
+		t.Errorf("belay events printed control character %q:\n%q", out.stdout[i:i+1], out.stdout)
+	}
+	for _, want := range []string{`all fixed\x1b]52;c;ZXZpbA==\x07\x0dnothing to see`, `read_file ok: \x1b[2J\x9b31mred`} {
+		if !strings.Contains(out.stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out.stdout)
+		}
 	}
 }

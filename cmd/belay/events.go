@@ -8,6 +8,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/belay-dev/belay/internal/belay"
@@ -109,7 +110,7 @@ func printEvent(w io.Writer, runID string, ev belay.Event, asJSON bool) error {
 		return writeJSONLine(w, ev)
 	}
 	_, err := fmt.Fprintf(w, "%5s %s  %-16s %s\n", "#"+strconv.FormatInt(ev.Seq, 10),
-		ev.Time.Local().Format("15:04:05"), ev.Type, clip(summary(ev), maxDataShown))
+		ev.Time.Local().Format("15:04:05"), printableLine(ev.Type), clip(printableLine(summary(ev)), maxDataShown))
 	if err != nil {
 		return err
 	}
@@ -262,6 +263,36 @@ func compactJSON(data json.RawMessage) string {
 		return s
 	}
 	return ""
+}
+
+// printable makes text that comes from a run safe to print on a terminal.
+// Much of it is the model's or the sandbox's (a tool's result, a check's
+// output, a patch), and neither is trusted: a control character other than
+// newline and tab could move the cursor, rewrite what is on the screen or
+// set the clipboard, so each is shown escaped ("\x1b") instead, and bytes
+// that are not UTF-8 as U+FFFD.
+func printable(s string) string { return escapeControls(s, true) }
+
+// printableLine is printable for text that must stay on one line: a
+// newline is escaped too.
+func printableLine(s string) string { return escapeControls(s, false) }
+
+func escapeControls(s string, keepNewlines bool) string {
+	unsafe := func(r rune) bool {
+		return unicode.IsControl(r) && r != '\t' && (r != '\n' || !keepNewlines)
+	}
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, unsafe) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unsafe(r) {
+			fmt.Fprintf(&b, `\x%02x`, r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // clip shortens s to at most n bytes, on a rune boundary, marking the cut.

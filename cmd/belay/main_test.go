@@ -115,9 +115,9 @@ func (s *server) waitForEvent(tb testing.TB, id, typ string) {
 	}
 }
 
-// askApproval asks for a shell approval the way the sandbox does, on the
-// internal route with the run's approvals token, and returns its id.
-func (s *server) askApproval(tb testing.TB, runID string) string {
+// runTokens issues the run's three audience tokens with the server's
+// signing key, as the orchestrator does for a sandbox.
+func (s *server) runTokens(tb testing.TB, runID string) token.Set {
 	tb.Helper()
 	keyHex, err := os.ReadFile(filepath.Join(s.cfg.DataDir, embedded.SigningKeyFile))
 	if err != nil {
@@ -135,6 +135,14 @@ func (s *server) askApproval(tb testing.TB, runID string) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return set
+}
+
+// askApproval asks for a shell approval the way the sandbox does, on the
+// internal route with the run's approvals token, and returns its id.
+func (s *server) askApproval(tb testing.TB, runID string) string {
+	tb.Helper()
+	set := s.runTokens(tb, runID)
 	req, err := http.NewRequest("POST", "http://"+s.main.Addr()+"/internal/v1/runs/"+runID+"/approvals",
 		strings.NewReader(`{"tool":"shell","arguments":{"command":"ls -la"}}`))
 	if err != nil {
@@ -217,7 +225,8 @@ func TestUsageAndVersion(t *testing.T) {
 }
 
 func TestFindsServerAndToken(t *testing.T) {
-	s := startServer(t, nil)
+	xdg := t.TempDir()
+	s := startServer(t, func(c *embedded.Config) { c.DataDir = filepath.Join(xdg, "belay") })
 	ctx := context.Background()
 	wrong := "ctl-wrong-canary-" + strings.Repeat("w", 16)
 	tests := []struct {
@@ -229,8 +238,9 @@ func TestFindsServerAndToken(t *testing.T) {
 	}{
 		{"token file in BELAY_DATA_DIR", s.env, 0, "no runs", ""},
 		{"token in BELAY_TOKEN", map[string]string{envEndpoint: s.env[envEndpoint], embedded.EnvToken: s.main.Token()}, 0, "no runs", ""},
-		{"token file under XDG_DATA_HOME", map[string]string{envEndpoint: s.env[envEndpoint], "XDG_DATA_HOME": filepath.Dir(s.cfg.DataDir) + "/x"},
-			1, "", "no control-plane token: set BELAY_TOKEN, or start `belay serve` once"},
+		{"token file under XDG_DATA_HOME", map[string]string{envEndpoint: s.env[envEndpoint], "XDG_DATA_HOME": xdg}, 0, "no runs", ""},
+		{"no token file under XDG_DATA_HOME", map[string]string{envEndpoint: s.env[envEndpoint], "XDG_DATA_HOME": xdg + "/x"},
+			1, "", "no control-plane token: set BELAY_TOKEN, or start `belay serve` once so it writes " + xdg + "/x/belay/control-token"},
 		{"wrong token", map[string]string{envEndpoint: s.env[envEndpoint], embedded.EnvToken: wrong}, 1, "",
 			"belay: missing or invalid control-plane token (unauthorized, request id req_"},
 		{"no token anywhere", map[string]string{envEndpoint: s.env[envEndpoint]}, 1, "", "no control-plane token"},

@@ -102,7 +102,9 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if ctx.Err() != nil {
-		return nil
+		// Interrupted (Ctrl-C, SIGTERM): the run goes on and has not
+		// completed, so a script must not read this as success.
+		return fmt.Errorf("interrupted before run %s ended", id)
 	}
 	return printOutcome(ctx, e.stdout, c, id)
 }
@@ -142,7 +144,9 @@ func printOutcome(ctx context.Context, w io.Writer, c *httpapi.Client, id string
 			fmt.Fprintln(w, "patch: none (no file changed)")
 			break
 		}
-		fmt.Fprintf(w, "patch (belay artifacts %s patch.diff):\n%s", id, patch)
+		// Shown for a person, with control characters escaped; the
+		// artifacts command gives it as is.
+		fmt.Fprintf(w, "patch (belay artifacts %s patch.diff):\n%s", id, printable(string(patch)))
 		if patch[len(patch)-1] != '\n' {
 			fmt.Fprintln(w)
 		}

@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/embedded"
 	"github.com/belay-dev/belay/internal/embedded/embeddedtest"
 )
@@ -112,5 +114,47 @@ func TestRunFixesCalcEndToEnd(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, r.stdout)
 		}
+	}
+}
+
+// TestRunFollowInterrupted stops `belay run --follow` (as Ctrl-C or
+// SIGTERM does) while the run goes on: it must not exit 0, which says the
+// run completed, and it says how to pick the run up again.
+func TestRunFollowInterrupted(t *testing.T) {
+	s := startServer(t, func(c *embedded.Config) { c.SandboxBin = embeddedtest.IdleSandbox(t) })
+	dir := project(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"run", dir, "--instruction", "Fix it", "--allow", "calc.py",
+			"--check", "python3 -m pytest -q", "--follow"},
+			&env{stdout: &stdout, stderr: &stderr, lookup: func(k string) (string, bool) { v, ok := s.env[k]; return v, ok }})
+	}()
+	deadline := time.After(time.Minute)
+	for !strings.Contains(stdout.String(), "run.started") {
+		select {
+		case code := <-done:
+			t.Fatalf("belay run exited %d before the run started\nstdout: %s\nstderr: %s", code, stdout.String(), stderr.String())
+		case <-deadline:
+			t.Fatalf("the run never started\nstdout: %s\nstderr: %s", stdout.String(), stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	code := <-done
+	id, _, _ := strings.Cut(stdout.String(), "\n")
+	if code != 1 {
+		t.Errorf("belay run --follow interrupted = %d; want 1: the run has not completed", code)
+	}
+	for _, want := range []string{"Resume with: belay events " + id + " --follow --after ", "interrupted before run " + id + " ended"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+	view, err := s.client(t).GetRun(context.Background(), id)
+	if err != nil || view.Status != belay.StatusRunning {
+		t.Errorf("the run after the interrupt: %s, %v; want it still running", view.Status, err)
 	}
 }

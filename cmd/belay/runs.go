@@ -53,7 +53,7 @@ func cmdRuns(ctx context.Context, e *env, args []string) error {
 	fmt.Fprintln(tw, "RUN\tSTATUS\tCREATED\tMODEL CALLS\tREASON")
 	for _, r := range list.Runs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\n", r.RunID, statusText(r), r.CreatedAt.Local().Format(time.DateTime),
-			r.Usage.ModelRequests, r.Usage.MaxRequests, clip(r.Reason, 60))
+			r.Usage.ModelRequests, r.Usage.MaxRequests, clip(printableLine(r.Reason), 60))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -101,7 +101,7 @@ func cmdRunsShow(ctx context.Context, e *env, args []string) error {
 func printRun(w io.Writer, r httpapi.RunView) {
 	fmt.Fprintf(w, "run %s: %s\n", r.RunID, statusText(r))
 	if r.Reason != "" {
-		fmt.Fprintf(w, "  reason:        %s\n", r.Reason)
+		fmt.Fprintf(w, "  reason:        %s\n", printableLine(r.Reason))
 	}
 	if r.ExitCode != nil {
 		fmt.Fprintf(w, "  exit code:     %d\n", *r.ExitCode)
@@ -121,14 +121,14 @@ func printRun(w io.Writer, r httpapi.RunView) {
 	}
 	fmt.Fprintf(w, "  model calls:   %d of %d (tokens: %d prompt, %d completion)\n",
 		r.Usage.ModelRequests, r.Usage.MaxRequests, r.Usage.PromptTokens, r.Usage.CompletionTokens)
-	fmt.Fprintf(w, "  files:         %s\n", strings.Join(r.Request.Files, ", "))
-	fmt.Fprintf(w, "  may change:    %s\n", strings.Join(r.Request.AllowedPaths, ", "))
+	fmt.Fprintf(w, "  files:         %s\n", printableLine(strings.Join(r.Request.Files, ", ")))
+	fmt.Fprintf(w, "  may change:    %s\n", printableLine(strings.Join(r.Request.AllowedPaths, ", ")))
 	if len(r.Checks) == 0 {
 		checks := make([]string, len(r.Request.Checks))
 		for i, c := range r.Request.Checks {
 			checks[i] = strings.Join(c, " ")
 		}
-		fmt.Fprintf(w, "  checks:        %s (no results)\n", strings.Join(checks, "; "))
+		fmt.Fprintf(w, "  checks:        %s (no results)\n", printableLine(strings.Join(checks, "; ")))
 	} else {
 		fmt.Fprintln(w, "  checks:")
 		for _, c := range r.Checks {
@@ -136,16 +136,16 @@ func printRun(w io.Writer, r httpapi.RunView) {
 			if c.ExitCode != 0 {
 				verdict = fmt.Sprintf("FAILED (exit %d)", c.ExitCode)
 			}
-			fmt.Fprintf(w, "    %s: %s in %s\n", strings.Join(c.Argv, " "), verdict, time.Duration(c.DurationMs)*time.Millisecond)
+			fmt.Fprintf(w, "    %s: %s in %s\n", printableLine(strings.Join(c.Argv, " ")), verdict, time.Duration(c.DurationMs)*time.Millisecond)
 			if c.ExitCode != 0 && c.OutputTail != "" {
 				for line := range strings.SplitSeq(strings.TrimRight(c.OutputTail, "\n"), "\n") {
-					fmt.Fprintf(w, "      | %s\n", line)
+					fmt.Fprintf(w, "      | %s\n", printableLine(line))
 				}
 			}
 		}
 	}
 	if len(r.ChangedFiles) > 0 {
-		fmt.Fprintf(w, "  changed files: %s\n", strings.Join(r.ChangedFiles, ", "))
+		fmt.Fprintf(w, "  changed files: %s\n", printableLine(strings.Join(r.ChangedFiles, ", ")))
 	} else if r.Status.Terminal() {
 		fmt.Fprintln(w, "  changed files: none")
 	}
