@@ -35,6 +35,28 @@ func CheckArtifactName(name string) error {
 	return nil
 }
 
+// CheckArtifact checks the run id and the artifact name of one artifact
+// store call. Returns invalid.
+func CheckArtifact(runID, name string) error {
+	if err := CheckArtifactRunID(runID); err != nil {
+		return err
+	}
+	return CheckArtifactName(name)
+}
+
+// CheckArtifactPut checks what PutArtifact is asked to store, before an
+// adapter writes anything: the run id, the name, and content of at most
+// MaxArtifactBytes. Returns invalid or too_large.
+func CheckArtifactPut(runID, name string, content []byte) error {
+	if err := CheckArtifact(runID, name); err != nil {
+		return err
+	}
+	if len(content) > MaxArtifactBytes {
+		return Errorf(CodeTooLarge, "artifact %s is %d bytes; the limit is %d", name, len(content), MaxArtifactBytes)
+	}
+	return nil
+}
+
 func isArtifactIDByte(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
 }

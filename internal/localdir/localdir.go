@@ -79,14 +79,8 @@ func (s *Store) Close() error { return s.root.Close() }
 // artifact atomically. Returns invalid for a bad run id or name; too_large
 // over belay.MaxArtifactBytes, having written nothing.
 func (s *Store) PutArtifact(ctx context.Context, runID, name string, content []byte) error {
-	if err := belay.CheckArtifactRunID(runID); err != nil {
+	if err := belay.CheckArtifactPut(runID, name, content); err != nil {
 		return err
-	}
-	if err := belay.CheckArtifactName(name); err != nil {
-		return err
-	}
-	if len(content) > belay.MaxArtifactBytes {
-		return belay.Errorf(belay.CodeTooLarge, "artifact %s is %d bytes; the limit is %d", name, len(content), belay.MaxArtifactBytes)
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("localdir: put artifact %s/%s: %w", runID, name, err)
@@ -166,10 +160,7 @@ func (s *Store) syncDir(name string) error {
 // GetArtifact returns the content of <runId>/<name>. Returns invalid for a
 // bad run id or name; not_found if the artifact does not exist.
 func (s *Store) GetArtifact(ctx context.Context, runID, name string) ([]byte, error) {
-	if err := belay.CheckArtifactRunID(runID); err != nil {
-		return nil, err
-	}
-	if err := belay.CheckArtifactName(name); err != nil {
+	if err := belay.CheckArtifact(runID, name); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {

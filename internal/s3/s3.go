@@ -90,14 +90,8 @@ func (s *Store) runPrefix(runID string) string {
 // replaces objects atomically). Returns invalid for a bad run id or name;
 // too_large over belay.MaxArtifactBytes, without calling S3.
 func (s *Store) PutArtifact(ctx context.Context, runID, name string, content []byte) error {
-	if err := belay.CheckArtifactRunID(runID); err != nil {
+	if err := belay.CheckArtifactPut(runID, name, content); err != nil {
 		return err
-	}
-	if err := belay.CheckArtifactName(name); err != nil {
-		return err
-	}
-	if len(content) > belay.MaxArtifactBytes {
-		return belay.Errorf(belay.CodeTooLarge, "artifact %s is %d bytes; the limit is %d", name, len(content), belay.MaxArtifactBytes)
 	}
 	_, err := s.client.PutObject(ctx, &awss3.PutObjectInput{
 		Bucket:        aws.String(s.bucket),
@@ -117,10 +111,7 @@ func (s *Store) PutArtifact(ctx context.Context, runID, name string, content []b
 // Returns invalid for a bad run id or name; not_found if the object does
 // not exist; too_large if it is over its cap.
 func (s *Store) GetArtifact(ctx context.Context, runID, name string) ([]byte, error) {
-	if err := belay.CheckArtifactRunID(runID); err != nil {
-		return nil, err
-	}
-	if err := belay.CheckArtifactName(name); err != nil {
+	if err := belay.CheckArtifact(runID, name); err != nil {
 		return nil, err
 	}
 	out, err := s.client.GetObject(ctx, &awss3.GetObjectInput{
@@ -239,10 +230,7 @@ func uploadHeaders(signed http.Header) http.Header {
 }
 
 func checkPresign(runID, name string, ttl time.Duration) error {
-	if err := belay.CheckArtifactRunID(runID); err != nil {
-		return err
-	}
-	if err := belay.CheckArtifactName(name); err != nil {
+	if err := belay.CheckArtifact(runID, name); err != nil {
 		return err
 	}
 	if ttl < time.Second || ttl > MaxPresignTTL {
