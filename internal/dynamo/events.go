@@ -153,10 +153,13 @@ func (s *Store) readBatch(ctx context.Context, runID, batchID string) (*batchRep
 }
 
 func decodeBatch(it item) (*batchReplay, error) {
+	if it == nil {
+		return nil, errors.New("decode batch: no batch item came back")
+	}
 	d := decoder{it: it}
 	r := &batchReplay{first: d.num("firstSeq"), count: d.num("count")}
-	if d.err != nil || it == nil {
-		return nil, fmt.Errorf("decode batch: %v", d.err)
+	if d.err != nil {
+		return nil, fmt.Errorf("decode batch: %w", d.err)
 	}
 	return r, nil
 }

@@ -87,8 +87,11 @@ func (s *Store) CreateRun(ctx context.Context, asked belay.Run, idempotencyKey s
 		if idemIndex >= 0 && reasonCode(reasons[idemIndex]) == "ConditionalCheckFailed" {
 			d := decoder{it: reasons[idemIndex].Item}
 			earlierID, earlierHash := d.str("runId"), d.str("requestHash")
-			if d.err != nil || earlierID == "" {
-				return belay.Run{}, false, fmt.Errorf("create run %s: malformed idempotency item: %v", run.ID, d.err)
+			if d.err != nil {
+				return belay.Run{}, false, fmt.Errorf("create run %s: malformed idempotency item: %w", run.ID, d.err)
+			}
+			if earlierID == "" {
+				return belay.Run{}, false, fmt.Errorf("create run %s: idempotency item names no run", run.ID)
 			}
 			if earlierHash != run.RequestHash {
 				return belay.Run{}, false, belay.Errorf(belay.CodeConflict, "idempotency key was already used with a different request")
