@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -36,9 +37,9 @@ type command struct {
 var commands = []command{
 	{"serve", "[flags]", "run the embedded control plane on this machine", cmdServe},
 	{"run", "DIR --instruction TEXT --allow PATH --check CMD [flags]", "ask for a run on the files under DIR", cmdRun},
-	{"runs", "[--status S] [--limit N] | runs show ID", "list runs, or show one", cmdRuns},
+	{"runs", "[--status S] [--limit N] [--cursor C] [--json] | runs show ID [--json]", "list runs, or show one", cmdRuns},
 	{"events", "ID [--follow] [--after N] [--json]", "print a run's events", cmdEvents},
-	{"approvals", "ID", "list a run's approval requests", cmdApprovals},
+	{"approvals", "ID [--json]", "list a run's approval requests", cmdApprovals},
 	{"approve", "ID APPROVAL DECISION [--reason R]", "answer an approval: allow_once, allow_session, deny or cancel", cmdApprove},
 	{"cancel", "ID", "cancel a run", cmdCancel},
 	{"artifacts", "ID [NAME]", "list a run's artifacts, or print one", cmdArtifacts},
@@ -75,7 +76,7 @@ func run(ctx context.Context, args []string, e *env) int {
 func usage(w io.Writer) {
 	fmt.Fprintf(w, "belay %s: run an AI coding agent in a hardened sandbox\n\nUsage:\n", version)
 	for _, c := range commands {
-		fmt.Fprintf(w, "  belay %s %s\n      %s\n", c.name, c.args, c.summary)
+		fmt.Fprintf(w, "  %s\n      %s\n", strings.TrimSpace("belay "+c.name+" "+c.args), c.summary)
 	}
 	fmt.Fprintf(w, "\nThe client commands call BELAY_ENDPOINT (default %s) with the token in BELAY_TOKEN,\n"+
 		"or in <data dir>/control-token, which `belay serve` writes on first start.\n"+
