@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
 // entryName is the copy of the entry binary in WorkRoot/bin.
@@ -135,7 +137,7 @@ func New(cfg Config) (*Launcher, error) {
 		return nil, err
 	}
 	l.root = root
-	if room := maxSocketPath - len(root) - len("/-") - 2*workspaceSuffixBytes - len("/"+socketName); room < minRunIDRoom {
+	if room := maxSocketPath - len(root) - len("/-") - 2*workspaceSuffixBytes - len("/"+workspace.Socket); room < minRunIDRoom {
 		return nil, fmt.Errorf("localsandbox: WorkRoot %s is too long: a Unix socket path in it leaves room for a run id of only %d bytes (need %d); choose a shorter directory", root, room, minRunIDRoom)
 	}
 	if l.entry, err = l.prepareEntry(cfg.EntryPath); err != nil {
@@ -456,7 +458,7 @@ func (l *Launcher) sweepStale() {
 			continue
 		}
 		ws := filepath.Join(l.root, e.Name())
-		if c, err := net.Dial("unix", filepath.Join(ws, socketName)); err == nil {
+		if c, err := net.Dial("unix", filepath.Join(ws, workspace.Socket)); err == nil {
 			c.Close()
 			continue
 		}

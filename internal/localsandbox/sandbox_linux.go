@@ -19,13 +19,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
-// The sandbox's environment: nothing else, and nothing from belay's own.
-const (
-	sandboxPATH = "/usr/local/bin:/usr/bin:/bin"
-	sandboxLANG = "C.UTF-8"
-)
+// sandboxLANG is the entry's locale. Its whole environment is PATH
+// (workspace.CleanPath), HOME and LANG: nothing from belay's own.
+const sandboxLANG = "C.UTF-8"
 
 // APIBaseURL is the base URL the entry uses for the internal routes; over
 // the Unix socket the host is only a name.
@@ -89,9 +88,9 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 	}
 	log := l.log.With("run_id", spec.RunID)
 	tokens := map[string]string{
-		modelTokenFile:     spec.Tokens.Model,
-		eventsTokenFile:    spec.Tokens.Events,
-		approvalsTokenFile: spec.Tokens.Approvals,
+		workspace.ModelTokenFile:     spec.Tokens.Model,
+		workspace.EventsTokenFile:    spec.Tokens.Events,
+		workspace.ApprovalsTokenFile: spec.Tokens.Approvals,
 	}
 	for name, tok := range tokens {
 		if tok == "" {
@@ -104,7 +103,7 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 		return nil, fmt.Errorf("launch sandbox for run %s: %w", spec.RunID, err)
 	}
 	ws := filepath.Join(l.root, spec.RunID+"-"+hex.EncodeToString(suffix[:]))
-	socket := filepath.Join(ws, socketName)
+	socket := filepath.Join(ws, workspace.Socket)
 	if len(socket) > maxSocketPath {
 		return nil, fmt.Errorf("launch sandbox for run %s: socket path %s is %d bytes, more than a Unix socket allows (%d); choose a shorter WorkRoot", spec.RunID, socket, len(socket), maxSocketPath)
 	}
@@ -164,8 +163,8 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 		Path: l.entry,
 		Args: []string{l.entry, "--workspace", ws},
 		Env: []string{
-			"PATH=" + sandboxPATH,
-			"HOME=" + filepath.Join(ws, homeDir),
+			"PATH=" + workspace.CleanPath,
+			"HOME=" + filepath.Join(ws, workspace.HomeDir),
 			"LANG=" + sandboxLANG,
 		},
 		Dir:         ws,
@@ -186,14 +185,14 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 // api.sock. The socket is created while the workspace is still root's
 // alone and is then handed to the sandbox user with the rest of the tree.
 func (s *Sandbox) serve(h http.Handler) error {
-	ln, err := net.Listen("unix", filepath.Join(s.ws, socketName))
+	ln, err := net.Listen("unix", filepath.Join(s.ws, workspace.Socket))
 	if err != nil {
 		return fmt.Errorf("listen on api.sock: %w", err)
 	}
 	// The workspace is removed as a whole; the sandbox may have replaced
 	// the name by then.
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	if err := os.Chmod(filepath.Join(s.ws, socketName), 0o600); err != nil {
+	if err := os.Chmod(filepath.Join(s.ws, workspace.Socket), 0o600); err != nil {
 		ln.Close()
 		return fmt.Errorf("chmod api.sock: %w", err)
 	}

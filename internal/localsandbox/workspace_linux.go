@@ -13,23 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
-
-// The workspace layout (DESIGN.md "Sandbox workspace layout").
-const (
-	specFile   = "spec.json"
-	tokensDir  = "tokens"
-	outDir     = "out"
-	homeDir    = "home"
-	socketName = "api.sock"
-
-	modelTokenFile     = "model.token"
-	eventsTokenFile    = "events.token"
-	approvalsTokenFile = "approvals.token"
-)
-
-// OutputFiles are the files Wait reads from the workspace's out/ folder.
-var OutputFiles = []string{"result.json", "patch.diff", "transcript.jsonl"}
 
 // workspaceSuffixBytes is the entropy in a workspace's name after the run
 // id, so a retried launch of the same run never meets an old workspace.
@@ -38,16 +23,15 @@ const workspaceSuffixBytes = 6
 // maxRunIDBytes bounds a run id used in a workspace name.
 const maxRunIDBytes = 64
 
-// checkRunID accepts run ids that are safe as one path component.
+// checkRunID accepts run ids that are safe as one path component (the
+// artifact stores' rule, belay.CheckArtifactRunID) and short enough to leave
+// room for the socket path.
 func checkRunID(id string) error {
-	if id == "" || len(id) > maxRunIDBytes {
-		return fmt.Errorf("run id must be 1 to %d bytes, not %d", maxRunIDBytes, len(id))
+	if err := belay.CheckArtifactRunID(id); err != nil {
+		return fmt.Errorf("workspace name: %w", err)
 	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
-			return fmt.Errorf("run id %q has a character other than letters, digits, '_' and '-'", id)
-		}
+	if len(id) > maxRunIDBytes {
+		return fmt.Errorf("workspace name: run id must be 1 to %d bytes, not %d", maxRunIDBytes, len(id))
 	}
 	return nil
 }
@@ -58,7 +42,7 @@ func checkRunID(id string) error {
 // >= 0 the whole tree is then handed to uid:gid. Until then it is belay's
 // alone, so nothing here races with the sandbox.
 func layoutWorkspace(ws string, spec belay.SandboxSpec, tokens map[string]string, uid, gid int) error {
-	for _, d := range []string{tokensDir, outDir, homeDir} {
+	for _, d := range []string{workspace.TokensDir, workspace.OutDir, workspace.HomeDir} {
 		if err := os.Mkdir(filepath.Join(ws, d), 0o700); err != nil {
 			return fmt.Errorf("create workspace folder: %w", err)
 		}
@@ -67,19 +51,19 @@ func layoutWorkspace(ws string, spec belay.SandboxSpec, tokens map[string]string
 	if err != nil {
 		return fmt.Errorf("encode spec.json: %w", err)
 	}
-	if err := writeNewFile(filepath.Join(ws, specFile), b, 0o644, uid, gid); err != nil {
+	if err := writeNewFile(filepath.Join(ws, workspace.SpecFile), b, 0o644, uid, gid); err != nil {
 		return fmt.Errorf("write spec.json: %w", err)
 	}
 	for name, tok := range tokens {
 		// The error names the file only: a token never reaches a message.
-		if err := writeNewFile(filepath.Join(ws, tokensDir, name), []byte(tok), 0o600, uid, gid); err != nil {
+		if err := writeNewFile(filepath.Join(ws, workspace.TokensDir, name), []byte(tok), 0o600, uid, gid); err != nil {
 			return fmt.Errorf("write token file %s: %w", name, err)
 		}
 	}
 	if uid < 0 {
 		return nil
 	}
-	for _, p := range []string{tokensDir, outDir, homeDir, socketName, "."} {
+	for _, p := range []string{workspace.TokensDir, workspace.OutDir, workspace.HomeDir, workspace.Socket, "."} {
 		if err := os.Lchown(filepath.Join(ws, p), uid, gid); err != nil {
 			return fmt.Errorf("hand workspace to uid %d: %w", uid, err)
 		}
@@ -122,7 +106,7 @@ func readOutputs(ws string, owner int, log *slog.Logger) (map[string][]byte, err
 		return nil, fmt.Errorf("open workspace: %w", err)
 	}
 	defer unix.Close(wsfd)
-	outfd, err := unix.Openat(wsfd, outDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	outfd, err := unix.Openat(wsfd, workspace.OutDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	switch {
 	case errors.Is(err, unix.ENOENT):
 		return files, nil
@@ -133,7 +117,7 @@ func readOutputs(ws string, owner int, log *slog.Logger) (map[string][]byte, err
 		return nil, fmt.Errorf("open out/: %w", err)
 	}
 	defer unix.Close(outfd)
-	for _, name := range OutputFiles {
+	for _, name := range belay.ArtifactNames {
 		b, why, err := readOutput(outfd, name, owner)
 		if err != nil {
 			return nil, err

@@ -17,6 +17,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/agent"
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
 // Reasons a bundle gives for a failed run, besides the agent's own
@@ -53,17 +54,17 @@ const (
 	maxCheckReserve = 60 * time.Second
 )
 
-// Main is the sandbox entry, run by belay-sandbox for the workspace at
-// workspace (DESIGN.md "Sandbox workspace layout"). It hardens the process,
+// Main is the sandbox entry, run by belay-sandbox for the workspace folder
+// dir (laid out as package workspace says). It hardens the process,
 // takes the tokens, builds the repository, runs the agent loop and the
 // checks, and writes out/result.json, out/patch.diff and
 // out/transcript.jsonl. It returns the process's exit code: 0 when the
 // bundle was written (whatever the run's outcome, which the bundle
 // reports), 1 with a line on stderr when it could not be. When ctx ends
 // (SIGTERM) the agent loop stops and the bundle is still written.
-func Main(ctx context.Context, workspace string) int {
+func Main(ctx context.Context, dir string) int {
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	e := &entry{ws: Workspace(workspace), now: time.Now, rand: rand.Reader, log: logger}
+	e := &entry{ws: Workspace(dir), now: time.Now, rand: rand.Reader, log: logger}
 	if err := e.run(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "belay-sandbox: %v\n", err)
 		return 1
@@ -87,7 +88,7 @@ func (e *entry) run(ctx context.Context) error {
 	for _, t := range []struct {
 		name string
 		dst  *string
-	}{{ModelTokenFile, &tokens.Model}, {EventsTokenFile, &tokens.Events}, {ApprovalsTokenFile, &tokens.Approvals}} {
+	}{{workspace.ModelTokenFile, &tokens.Model}, {workspace.EventsTokenFile, &tokens.Events}, {workspace.ApprovalsTokenFile, &tokens.Approvals}} {
 		tok, err := ReadTokenFile(e.ws.TokensDir(), t.name)
 		if err != nil {
 			return err

@@ -12,12 +12,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
-)
 
-// CleanPath is the PATH of every process the sandbox starts. It is fixed,
-// not inherited: a PATH from the launcher could point at a pyenv shim or a
-// directory the agent can write.
-const CleanPath = "/usr/local/bin:/usr/bin:/bin"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
+)
 
 // Output caps of a command: the result a model reads keeps the last
 // ResultTailBytes of the combined output, the transcript the last
@@ -29,12 +26,12 @@ const (
 )
 
 // CleanEnv is the whole environment of a check or shell command: a fixed
-// PATH, HOME in the workspace, a UTF-8 locale and no bytecode files in the
+// PATH (workspace.CleanPath), HOME in the workspace, a UTF-8 locale and no bytecode files in the
 // repository. Nothing else is passed on, so no token or key can reach a
 // command the model chose.
 func CleanEnv(home string) []string {
 	return []string{
-		"PATH=" + CleanPath,
+		"PATH=" + workspace.CleanPath,
 		"HOME=" + home,
 		"LANG=C.UTF-8",
 		"PYTHONDONTWRITEBYTECODE=1",

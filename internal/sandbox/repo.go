@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
 // The identity and date of every commit the entry makes. They are fixed so
@@ -91,7 +92,7 @@ func (g Git) gitDir() string { return filepath.Join(g.Dir, ".git") }
 
 func (g Git) env() []string {
 	return []string{
-		"PATH=" + CleanPath,
+		"PATH=" + workspace.CleanPath,
 		"HOME=" + g.Home,
 		"LANG=C.UTF-8",
 		"GIT_DIR=" + g.gitDir(),

@@ -10,34 +10,28 @@ import (
 	"path/filepath"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
-// Workspace is the sandbox's folder, laid out by the launcher (DESIGN.md;
-// see the Workspace methods for the names).
+// Workspace is the sandbox's folder, laid out by the launcher with the
+// names in package workspace.
 type Workspace string
 
 // SpecPath is spec.json: the run's belay.SandboxSpec, without secrets.
-func (w Workspace) SpecPath() string { return filepath.Join(string(w), "spec.json") }
+func (w Workspace) SpecPath() string { return filepath.Join(string(w), workspace.SpecFile) }
 
 // TokensDir holds model.token, events.token and approvals.token.
-func (w Workspace) TokensDir() string { return filepath.Join(string(w), "tokens") }
+func (w Workspace) TokensDir() string { return filepath.Join(string(w), workspace.TokensDir) }
 
 // RepoDir is the repository the entry builds from the spec's files.
-func (w Workspace) RepoDir() string { return filepath.Join(string(w), "repo") }
+func (w Workspace) RepoDir() string { return filepath.Join(string(w), workspace.RepoDir) }
 
 // OutDir receives result.json, patch.diff and transcript.jsonl.
-func (w Workspace) OutDir() string { return filepath.Join(string(w), "out") }
+func (w Workspace) OutDir() string { return filepath.Join(string(w), workspace.OutDir) }
 
 // HomeDir is HOME for git, checks and shell commands; the entry empties
 // it before the final checks.
-func (w Workspace) HomeDir() string { return filepath.Join(string(w), "home") }
-
-// The token files in TokensDir, one per audience.
-const (
-	ModelTokenFile     = "model.token"
-	EventsTokenFile    = "events.token"
-	ApprovalsTokenFile = "approvals.token"
-)
+func (w Workspace) HomeDir() string { return filepath.Join(string(w), workspace.HomeDir) }
 
 // MaxSpecBytes caps spec.json: a run's tree is at most 512 KiB by default,
 // and JSON escaping can grow it several times over.

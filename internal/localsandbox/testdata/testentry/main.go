@@ -35,6 +35,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/sandbox"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
 // Report is what the entry saw; the tests decode it.
@@ -84,7 +85,7 @@ func run(ws sandbox.Workspace) error {
 	rep.SID, _ = unix.Getsid(0)
 	rep.Cwd, _ = os.Getwd()
 	tokens := map[string]string{}
-	for _, name := range []string{sandbox.ModelTokenFile, sandbox.EventsTokenFile, sandbox.ApprovalsTokenFile} {
+	for _, name := range []string{workspace.ModelTokenFile, workspace.EventsTokenFile, workspace.ApprovalsTokenFile} {
 		var tf TokenFile
 		if fi, err := os.Lstat(filepath.Join(ws.TokensDir(), name)); err == nil {
 			tf.Mode = fmt.Sprintf("%v", fi.Mode())
@@ -111,7 +112,7 @@ func run(ws sandbox.Workspace) error {
 		} else {
 			c.Close()
 		}
-		rep.APIStatus, rep.APIError = postEvent(spec, tokens[sandbox.EventsTokenFile])
+		rep.APIStatus, rep.APIError = postEvent(spec, tokens[workspace.EventsTokenFile])
 		ifs, _ := net.Interfaces()
 		for _, i := range ifs {
 			rep.Interfaces = append(rep.Interfaces, i.Name+" "+i.Flags.String())
@@ -124,7 +125,7 @@ func run(ws sandbox.Workspace) error {
 		if err := cmd.Start(); err != nil {
 			return err
 		}
-		if status, msg := postEvent(spec, tokens[sandbox.EventsTokenFile]); status != http.StatusOK {
+		if status, msg := postEvent(spec, tokens[workspace.EventsTokenFile]); status != http.StatusOK {
 			return fmt.Errorf("ready: %d %s", status, msg)
 		}
 		time.Sleep(time.Hour)
