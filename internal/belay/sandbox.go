@@ -2,6 +2,9 @@ package belay
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"time"
 )
 
@@ -42,12 +45,29 @@ type SandboxSpec struct {
 	Tokens SandboxTokens `json:"-"`
 }
 
-// SandboxTokens are a run's three audience tokens.
+// SandboxTokens are a run's three audience tokens. They travel with a
+// SandboxSpec to the launcher, so its String, Format and LogValue methods
+// redact them: a spec or token set printed or logged by mistake leaks no
+// token.
 type SandboxTokens struct {
 	Model     string
 	Events    string
 	Approvals string
 }
+
+const redactedTokens = "belay.SandboxTokens{Model:[redacted] Events:[redacted] Approvals:[redacted]}"
+
+// String redacts the tokens.
+func (SandboxTokens) String() string { return redactedTokens }
+
+// Format redacts the tokens under every fmt verb, including %+v and %#v,
+// which would otherwise print the fields, also of a SandboxSpec holding
+// them.
+func (SandboxTokens) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, redactedTokens) }
+
+// LogValue redacts the tokens in slog output, including the JSON handler,
+// which would otherwise marshal the fields.
+func (SandboxTokens) LogValue() slog.Value { return slog.StringValue(redactedTokens) }
 
 // SpecFor builds the sandbox spec of a run from its canonical request.
 func SpecFor(runID string, req RunRequest) SandboxSpec {
