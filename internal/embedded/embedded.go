@@ -32,10 +32,6 @@ import (
 	"github.com/belay-dev/belay/internal/token"
 )
 
-// minControlTokenLen is the shortest control-plane token accepted from
-// BELAY_TOKEN; the handler refuses shorter ones too.
-const minControlTokenLen = 16
-
 // sandboxStopGrace lets a sandbox past its wall time exit on its own (and
 // leave its transcript) before it is killed.
 const sandboxStopGrace = 5 * time.Second
@@ -106,8 +102,8 @@ func New(cfg Config) (*Main, error) {
 	if err := m.configureUpstream(&cfg); err != nil {
 		return nil, err
 	}
-	if cfg.Token != "" && len(cfg.Token) < minControlTokenLen {
-		return nil, fmt.Errorf("%s is shorter than %d characters; use a long random value (or unset it to have one generated)", EnvToken, minControlTokenLen)
+	if cfg.Token != "" && len(cfg.Token) < httpapi.MinControlTokenLen {
+		return nil, fmt.Errorf("%s is shorter than %d characters; use a long random value (or unset it to have one generated)", EnvToken, httpapi.MinControlTokenLen)
 	}
 	bin, err := findSandboxBin(cfg.SandboxBin, os.Executable, exec.LookPath)
 	if err != nil {
@@ -146,8 +142,8 @@ func New(cfg Config) (*Main, error) {
 		if err != nil {
 			return nil, fmt.Errorf("control-plane token: %w", err)
 		}
-		if len(tok) < minControlTokenLen {
-			return nil, fmt.Errorf("control-plane token in %s is shorter than %d characters; remove the file to have a new one written", m.tokenFile, minControlTokenLen)
+		if len(tok) < httpapi.MinControlTokenLen {
+			return nil, fmt.Errorf("control-plane token in %s is shorter than %d characters; remove the file to have a new one written", m.tokenFile, httpapi.MinControlTokenLen)
 		}
 		m.token = tok
 		if created {

@@ -27,6 +27,11 @@ const (
 	DefaultMaxUpstreamResponse = 4 << 20
 )
 
+// MinControlTokenLen is the shortest control-plane token New accepts: a
+// shorter one could be guessed. Whoever reads tokens from configuration
+// checks it first, to name the setting.
+const MinControlTokenLen = 16
+
 // Config is what the handler needs. Store, Artifacts, Orchestrator, Signer,
 // Limits.Model, ControlTokens and Upstream (URL and Key) are required; the
 // rest have defaults.
@@ -40,7 +45,8 @@ type Config struct {
 	Signer *token.Signer
 	Limits belay.Limits
 	// ControlTokens are the accepted control-plane bearer tokens, each at
-	// least 16 bytes; more than one lets an operator rotate without downtime.
+	// least MinControlTokenLen bytes; more than one lets an operator rotate
+	// without downtime.
 	ControlTokens []string
 	Upstream      Upstream
 	// Logger receives one line per request at debug level and every
@@ -160,8 +166,8 @@ func New(cfg Config) (*Server, error) {
 		changed:      cfg.EventsChanged,
 	}
 	for i, t := range cfg.ControlTokens {
-		if len(t) < 16 {
-			return nil, fmt.Errorf("httpapi: control-plane token %d is shorter than 16 bytes", i)
+		if len(t) < MinControlTokenLen {
+			return nil, fmt.Errorf("httpapi: control-plane token %d is shorter than %d bytes", i, MinControlTokenLen)
 		}
 		s.controlHash = append(s.controlHash, sha256.Sum256([]byte(t)))
 	}
