@@ -189,8 +189,7 @@ func TestApprovalAllowSessionAndCancelDecision(t *testing.T) {
 func TestInternalApprovalRefusals(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	id, toks := h.startRun(t, `"approval":{"policy":"ask"}`, 5)
-	other, otherToks := h.startRun(t, "", 5)
-	_ = other
+	_, otherToks := h.startRun(t, "", 5)
 	for _, tc := range []struct {
 		name, tok, body string
 		want            int
