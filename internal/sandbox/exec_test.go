@@ -164,21 +164,50 @@ func TestRunCommandKillsWhatACommandLeftBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		t.Fatalf("bg.pid holds %q, not a process id", b)
+	}
 	waitGone(t, pid)
 }
 
 func TestRunCommandContextCancelInterrupts(t *testing.T) {
-	dir := t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	res, err := sandbox.RunCommand(ctx, sandbox.Command{Argv: []string{"sleep", "300"}, Dir: dir, Env: sandbox.CleanEnv(dir)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.ExitCode == 0 {
-		t.Errorf("a cancelled command reported success: %+v", res)
-	}
+	t.Run("while it runs", func(t *testing.T) {
+		dir := t.TempDir()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// The command says it started, then sleeps; the run stops meanwhile.
+		go func() {
+			defer cancel()
+			for ctx.Err() == nil {
+				if _, err := os.Stat(filepath.Join(dir, "started")); err == nil {
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+		res, err := sandbox.RunCommand(ctx, sandbox.Command{
+			Argv: []string{"/bin/sh", "-c", "touch started; exec sleep 300"}, Dir: dir, Env: sandbox.CleanEnv(dir),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Interrupted || res.TimedOut || res.ExitCode != 128+9 || !strings.Contains(string(res.Output), "interrupted") {
+			t.Errorf("result %+v (output %q); want interrupted, killed by SIGKILL (exit 137)", res, res.Output)
+		}
+	})
+	t.Run("before it starts", func(t *testing.T) {
+		dir := t.TempDir()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		res, err := sandbox.RunCommand(ctx, sandbox.Command{Argv: []string{"sleep", "300"}, Dir: dir, Env: sandbox.CleanEnv(dir)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode == 0 {
+			t.Errorf("a cancelled command reported success: %+v", res)
+		}
+	})
 }
 
 // waitGone waits until pid has exited (gone, or a zombie waiting to be
