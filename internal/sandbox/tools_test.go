@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/sandbox"
@@ -419,12 +420,16 @@ func TestUnknownTool(t *testing.T) {
 
 func TestDefinitionsOfferEveryToolButFinish(t *testing.T) {
 	w := newWorkspace(t, testFiles)
-	tools := newTools(t, w, nil)
+	tools := newTools(t, w, func(c *sandbox.ToolsConfig) { c.ShellTimeout = 90 * time.Second })
 	var names []string
 	for _, d := range tools.Definitions() {
 		names = append(names, d.Name)
 		if d.Description == "" || d.Parameters["type"] != "object" {
 			t.Errorf("tool %s: description %q, parameters %v", d.Name, d.Description, d.Parameters)
+		}
+		// The model is told the shell's real time limit.
+		if d.Name == sandbox.ToolShell && !strings.Contains(d.Description, "1m30s at most") {
+			t.Errorf("shell description %q does not state its 1m30s limit", d.Description)
 		}
 	}
 	want := []string{"list_files", "read_file", "write_file", "edit_file", "search", "run_check", "shell"}
