@@ -254,12 +254,37 @@ func testBuffer(t *testing.T, open opener) {
 	})
 
 	t.Run("default_size", func(t *testing.T) {
+		// Options{} keeps belay.DefaultEventBufferSize events: the run's
+		// first event plus that many more push out exactly the first.
 		s := open(t, Options{})
 		mustCreate(t, s, newRun("run-def", at(0), "hash-def"), "")
-		mustAppend(t, s, "run-def", "", toolEvents(59, 100))
-		p := allEvents(t, s, "run-def")
-		if p.Missed || p.OldestSeq != 1 || !slices.Equal(eventSeqs(p.Events), seqRange(1, 60)) {
-			t.Fatalf("default buffer dropped events: oldest %d missed %v, %d events", p.OldestSeq, p.Missed, len(p.Events))
+		n := belay.DefaultEventBufferSize
+		for sent := 0; sent < n; {
+			k := min(belay.MaxAppendEvents, n-sent)
+			mustAppend(t, s, "run-def", "", toolEvents(k, 100+sent))
+			sent += k
+		}
+		last := int64(n) + 1
+		var seqs []int64
+		for after, page := int64(0), 1; ; page++ {
+			p, err := s.ListEvents(t.Context(), "run-def", after, 0)
+			if err != nil {
+				t.Fatalf("ListEvents(after %d): %v", after, err)
+			}
+			if page == 1 && (!p.Missed || p.OldestSeq != 2) {
+				t.Fatalf("first page: missed %v oldest %d; want true 2 (the default keeps %d events)", p.Missed, p.OldestSeq, n)
+			}
+			if p.LastSeq != last || page > n {
+				t.Fatalf("page %d: lastSeq %d, want %d", page, p.LastSeq, last)
+			}
+			if len(p.Events) == 0 {
+				break
+			}
+			seqs = append(seqs, eventSeqs(p.Events)...)
+			after = p.Events[len(p.Events)-1].Seq
+		}
+		if !slices.Equal(seqs, seqRange(2, last)) {
+			t.Fatalf("default buffer holds %d events, want seqs 2..%d", len(seqs), last)
 		}
 	})
 }
