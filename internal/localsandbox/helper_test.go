@@ -19,6 +19,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/localsandbox"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
 // helperEnv names the environment variable that turns the test binary into
@@ -209,9 +210,10 @@ func TestLaunchWithoutRoot(t *testing.T) {
 	if rep.UID != helperUID {
 		t.Errorf("entry ran as uid %d, want the launcher's own uid %d", rep.UID, helperUID)
 	}
-	for name, tf := range rep.TokenFiles {
-		if tf.ReadErr != "" || tf.Mode != "-rw-------" {
-			t.Errorf("%s: mode %s, read error %q", name, tf.Mode, tf.ReadErr)
+	for _, name := range []string{workspace.ModelTokenFile, workspace.EventsTokenFile, workspace.ApprovalsTokenFile} {
+		tf, ok := rep.TokenFiles[name]
+		if !ok || tf.ReadErr != "" || tf.Mode != "-rw-------" {
+			t.Errorf("%s: found %v, mode %s, read error %q; want a 0600 file the entry read", name, ok, tf.Mode, tf.ReadErr)
 		}
 	}
 	assertNoToken(t, "the entry's environment", strings.Join(rep.Env, "\n"), res.Tokens)
