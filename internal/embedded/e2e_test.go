@@ -183,6 +183,18 @@ func startWith(tb testing.TB, p *provider, logs *embeddedtest.Logs, sandboxBin s
 	return plane{m: m, c: clientOf(tb, m), cfg: cfg}
 }
 
+// finished follows the run to its terminal event and returns its events
+// and the run as it ended.
+func (pl plane) finished(tb testing.TB, runID string) ([]belay.Event, httpapi.RunView) {
+	tb.Helper()
+	events := follow(tb, pl.c, runID)
+	run, err := pl.c.GetRun(context.Background(), runID)
+	if err != nil {
+		tb.Fatalf("get run %s: %v", runID, err)
+	}
+	return events, run
+}
+
 // calcDir is the example project with the failing pytest test.
 func calcDir(tb testing.TB) string {
 	tb.Helper()
@@ -373,11 +385,7 @@ func TestEndToEndFixesTheExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events := follow(t, pl.c, created.RunID)
-	run, err := pl.c.GetRun(ctx, created.RunID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	events, run := pl.finished(t, created.RunID)
 	if run.Status != belay.StatusCompleted || run.ExitCode == nil || *run.ExitCode != 0 {
 		t.Fatalf("run ended %s (reason %q, exit code %v); want completed with exit code 0; events: %s",
 			run.Status, run.Reason, run.ExitCode, eventTypes(events))

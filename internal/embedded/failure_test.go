@@ -64,11 +64,7 @@ func TestSandboxKilledMidRun(t *testing.T) {
 		t.Fatalf("kill the entry: %v", err)
 	}
 
-	events := follow(t, pl.c, created.RunID)
-	run, err := pl.c.GetRun(ctx, created.RunID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	events, run := pl.finished(t, created.RunID)
 	if run.Status != belay.StatusFailed || run.Reason != orchestrator.ReasonKilled {
 		t.Errorf("run ended %s, reason %q; want failed, %q", run.Status, run.Reason, orchestrator.ReasonKilled)
 	}
@@ -117,11 +113,7 @@ func TestWallTimeExceeded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events := follow(t, pl.c, created.RunID)
-	run, err := pl.c.GetRun(ctx, created.RunID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	events, run := pl.finished(t, created.RunID)
 	if run.Status != belay.StatusFailed || run.Reason != orchestrator.ReasonTimeout {
 		t.Errorf("run ended %s, reason %q; want failed, %q; events: %s", run.Status, run.Reason, orchestrator.ReasonTimeout, eventTypes(events))
 	}
@@ -307,11 +299,7 @@ func TestResultOutsideAllowedPathsFailsValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events := follow(t, pl.c, created.RunID)
-	run, err := pl.c.GetRun(ctx, created.RunID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	events, run := pl.finished(t, created.RunID)
 	if run.Status != belay.StatusFailed || !strings.HasPrefix(run.Reason, orchestrator.ReasonValidationPrefix) ||
 		!strings.Contains(run.Reason, `"other.txt" is outside allowedPaths`) {
 		t.Fatalf("run ended %s, reason %q; want failed by result validation naming other.txt outside allowedPaths; events: %s",

@@ -247,11 +247,7 @@ func TestSandboxHardening(t *testing.T) {
 	}
 	p.Release()
 
-	events := follow(t, pl.c, created.RunID)
-	run, err := pl.c.GetRun(ctx, created.RunID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	events, run := pl.finished(t, created.RunID)
 	if run.Status != belay.StatusCompleted {
 		t.Fatalf("run ended %s (%s); want completed; events: %s", run.Status, run.Reason, eventTypes(events))
 	}
