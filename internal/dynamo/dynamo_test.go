@@ -323,20 +323,33 @@ func TestEventBufferTrim(t *testing.T) {
 	}
 }
 
+// TestAppendTooManyEvents pins belay.MaxAppendEvents to this adapter: one
+// more event than it, in a batch, no longer fits one transaction (the
+// conformance suite shows that exactly MaxAppendEvents does).
 func TestAppendTooManyEvents(t *testing.T) {
-	p := newPeer(t, dynamo.Options{})
-	ctx := t.Context()
-	mustCreate(t, p.store, newRun("run-big", t0))
-	in := make([]belay.EventInput, 120)
-	for i := range in {
-		in[i] = belay.EventInput{Time: t0, Type: belay.EventToolCall}
-	}
-	_, err := p.store.AppendEvents(ctx, "run-big", "", in)
-	if !belay.IsCode(err, belay.CodeTooLarge) {
-		t.Fatalf("append of 120 events: %v, want too_large", err)
-	}
-	if got := storedEventTypes(t, p, "run-big"); len(got) != 1 {
-		t.Fatalf("refused append left events: %v", got)
+	for _, c := range []struct {
+		n     int
+		batch string
+	}{
+		{120, ""},
+		{belay.MaxAppendEvents + 1, "batch-1"},
+	} {
+		t.Run(fmt.Sprintf("%d_events_batch_%q", c.n, c.batch), func(t *testing.T) {
+			p := newPeer(t, dynamo.Options{})
+			ctx := t.Context()
+			mustCreate(t, p.store, newRun("run-big", t0))
+			in := make([]belay.EventInput, c.n)
+			for i := range in {
+				in[i] = belay.EventInput{Time: t0, Type: belay.EventToolCall}
+			}
+			_, err := p.store.AppendEvents(ctx, "run-big", c.batch, in)
+			if !belay.IsCode(err, belay.CodeTooLarge) {
+				t.Fatalf("append of %d events: %v, want too_large", c.n, err)
+			}
+			if got := storedEventTypes(t, p, "run-big"); len(got) != 1 {
+				t.Fatalf("refused append left events: %v", got)
+			}
+		})
 	}
 }
 
