@@ -94,7 +94,7 @@ func New(cfg Config) (*Main, error) {
 		cfg.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if cfg.EventBufferSize < 0 {
-		return nil, fmt.Errorf("event buffer size %d is negative", cfg.EventBufferSize)
+		return nil, fmt.Errorf("event buffer size (--event-buffer) %d is negative", cfg.EventBufferSize)
 	}
 	if err := cfg.Storage.check(); err != nil {
 		return nil, err
