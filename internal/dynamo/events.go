@@ -41,7 +41,7 @@ func (s *Store) AppendEvents(ctx context.Context, runID, batchID string, events 
 	digest := eventsDigest(events)
 	for _, useToken := range []bool{true, false} {
 		var replay *batchReplay
-		w, err := s.writeRun(ctx, runID, func(cur *runMeta) (*runChange, error) {
+		appended, err := s.writeRun(ctx, runID, func(cur *runMeta) (*runChange, error) {
 			switch {
 			case cur == nil:
 				return nil, belay.Errorf(belay.CodeNotFound, "run %s not found", runID)
@@ -112,7 +112,7 @@ func (s *Store) AppendEvents(ctx context.Context, runID, batchID string, events 
 		case err != nil:
 			return nil, err
 		}
-		return w.events, nil
+		return appended, nil
 	}
 	return nil, fmt.Errorf("append events to run %s: request token mismatch", runID)
 }

@@ -132,13 +132,6 @@ type runChange struct {
 	token string
 }
 
-// runWrite is what writeRun did: the META it planned against and the events
-// it appended, with their sequence numbers.
-type runWrite struct {
-	before *runMeta
-	events []belay.Event
-}
-
 // errNoChange is returned by a plan when the run is already as asked and
 // nothing needs writing.
 var errNoChange = errors.New("no change")
@@ -148,59 +141,60 @@ var errNoChange = errors.New("no change")
 // conditioned on the status the plan saw (the plan's cond) and on lastSeq.
 // When another writer got there first, the META returned with the failed
 // condition is the new state: the plan runs again against it, without a
-// second read. plan gets nil for a missing run.
-func (s *Store) writeRun(ctx context.Context, runID string, plan func(cur *runMeta) (*runChange, error)) (runWrite, error) {
+// second read. plan gets nil for a missing run. It returns the events it
+// appended, with their sequence numbers.
+func (s *Store) writeRun(ctx context.Context, runID string, plan func(cur *runMeta) (*runChange, error)) ([]belay.Event, error) {
 	cur, err := s.readMeta(ctx, runID)
 	if err != nil {
-		return runWrite{}, err
+		return nil, err
 	}
 	for attempt := range maxWriteAttempts {
 		ch, err := plan(cur)
 		if err != nil {
-			return runWrite{before: cur}, err
+			return nil, err
 		}
 		tx, events, deferred, err := s.transaction(runID, cur, ch)
 		if err != nil {
-			return runWrite{}, err
+			return nil, err
 		}
 		_, err = s.client.TransactWriteItems(ctx, tx)
 		if err == nil {
 			s.deleteEvents(ctx, runID, deferred)
-			return runWrite{before: cur, events: events}, nil
+			return events, nil
 		}
 		var canceled *types.TransactionCanceledException
 		if !errors.As(err, &canceled) {
-			return runWrite{}, fmt.Errorf("write run %s: %w", runID, err)
+			return nil, fmt.Errorf("write run %s: %w", runID, err)
 		}
 		reasons := canceled.CancellationReasons
 		if len(reasons) != len(tx.TransactItems) {
-			return runWrite{}, fmt.Errorf("write run %s: %d cancellation reasons for %d items: %w",
+			return nil, fmt.Errorf("write run %s: %d cancellation reasons for %d items: %w",
 				runID, len(reasons), len(tx.TransactItems), err)
 		}
 		if reasonCode(reasons[0]) == "ConditionalCheckFailed" {
 			// The run changed (or is gone): plan again against what is there.
 			if cur, err = decodeMeta(reasons[0].Item); err != nil {
-				return runWrite{}, err
+				return nil, err
 			}
 			continue
 		}
 		for i := range ch.extra {
 			if reasonCode(reasons[1+i]) == "ConditionalCheckFailed" {
-				return runWrite{before: cur}, ch.extraFailed(i, reasons[1+i].Item)
+				return nil, ch.extraFailed(i, reasons[1+i].Item)
 			}
 		}
 		if !hasReason(reasons, "TransactionConflict") {
-			return runWrite{}, fmt.Errorf("write run %s: %w", runID, err)
+			return nil, fmt.Errorf("write run %s: %w", runID, err)
 		}
 		// Another transaction held one of the items: back off, read again.
 		if err := sleep(ctx, backoff(attempt)); err != nil {
-			return runWrite{}, fmt.Errorf("write run %s: %w", runID, err)
+			return nil, fmt.Errorf("write run %s: %w", runID, err)
 		}
 		if cur, err = s.readMeta(ctx, runID); err != nil {
-			return runWrite{}, err
+			return nil, err
 		}
 	}
-	return runWrite{}, belay.Errorf(belay.CodeUnavailable, "run %s is being changed by too many writers at once; try again", runID)
+	return nil, belay.Errorf(belay.CodeUnavailable, "run %s is being changed by too many writers at once; try again", runID)
 }
 
 // transaction builds the TransactWriteItems of one planned change: META
