@@ -59,6 +59,8 @@ type APIError struct {
 	RequestID string
 }
 
+// Error reads "control plane answered <status> <code>: <message> (request
+// <id>)": the request id ties it to the control plane's log line.
 func (e *APIError) Error() string {
 	msg := fmt.Sprintf("control plane answered %d", e.Status)
 	if e.Code != "" {

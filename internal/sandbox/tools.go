@@ -203,7 +203,9 @@ func (t *Tools) Call(ctx context.Context, name string, args json.RawMessage) (re
 	defer t.mu.Unlock()
 	defer func() {
 		if r := recover(); r != nil {
-			t.cfg.Logger.Error("tool panicked", "tool", name, "panic", fmt.Sprint(r))
+			// The name is the model's: bounded, like every model-chosen
+			// string the sandbox logs.
+			t.cfg.Logger.Error("tool panicked", "tool", truncate(name, 100), "panic", fmt.Sprint(r))
 			result, isError = fmt.Sprintf("%s failed: internal error in the sandbox", name), true
 		}
 	}()
