@@ -44,7 +44,7 @@ func cmdApprovals(ctx context.Context, e *env, args []string) error {
 			decision += " (" + a.DecidedBy + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Tool, a.Status, decision,
-			a.ExpiresAt.Local().Format(time.TimeOnly), clip(compactJSON(a.Arguments), 80))
+			a.ExpiresAt.Local().Format(time.TimeOnly), clip(printableLine(compactJSON(a.Arguments)), 80))
 	}
 	return tw.Flush()
 }
