@@ -48,7 +48,7 @@ func (s *Store) CreateApproval(ctx context.Context, a belay.Approval) (belay.App
 			events: events,
 			extra: []types.TransactWriteItem{{Put: &types.Put{
 				TableName:                           s.table,
-				Item:                                approvalItem(a, cur.ttl),
+				Item:                                approvalItem(a, cur.run.LastSeq+1, cur.ttl),
 				ConditionExpression:                 aws.String("attribute_not_exists(#PK)"),
 				ExpressionAttributeNames:            exprNames("#PK"),
 				ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureNone,
@@ -89,8 +89,9 @@ func (s *Store) GetApproval(ctx context.Context, runID, id string) (belay.Approv
 	return decodeApproval(out.Item)
 }
 
-// ListApprovals reads the run's APPR# items and orders them by request time.
-// Returns not_found if the run does not exist.
+// ListApprovals reads the run's APPR# items and orders them by request time,
+// then by the order they were stored. Returns not_found if the run does not
+// exist.
 func (s *Store) ListApprovals(ctx context.Context, runID string) ([]belay.Approval, error) {
 	in := &dynamodb.QueryInput{
 		TableName:                s.table,
@@ -103,6 +104,7 @@ func (s *Store) ListApprovals(ctx context.Context, runID string) ([]belay.Approv
 		ConsistentRead: aws.Bool(true),
 	}
 	approvals := []belay.Approval{}
+	position := map[string]int64{}
 	for p := dynamodb.NewQueryPaginator(s.client, in); p.HasMorePages(); {
 		out, err := p.NextPage(ctx)
 		if err != nil {
@@ -114,6 +116,7 @@ func (s *Store) ListApprovals(ctx context.Context, runID string) ([]belay.Approv
 				return nil, fmt.Errorf("run %s: %w", runID, err)
 			}
 			approvals = append(approvals, a)
+			position[a.ID] = (&decoder{it: it}).num("position")
 		}
 	}
 	if len(approvals) == 0 {
@@ -126,7 +129,7 @@ func (s *Store) ListApprovals(ctx context.Context, runID string) ([]belay.Approv
 		}
 	}
 	slices.SortStableFunc(approvals, func(x, y belay.Approval) int {
-		return cmp.Or(x.RequestedAt.Compare(y.RequestedAt), strings.Compare(x.ID, y.ID))
+		return cmp.Or(x.RequestedAt.Compare(y.RequestedAt), cmp.Compare(position[x.ID], position[y.ID]), strings.Compare(x.ID, y.ID))
 	})
 	return approvals, nil
 }

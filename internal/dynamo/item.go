@@ -398,9 +398,12 @@ func decodeCapability(it item) (belay.Capability, error) {
 	return c, nil
 }
 
-// approvalItem encodes an approval.
-func approvalItem(a belay.Approval, ttl int64) item {
+// approvalItem encodes an approval. position is the sequence number of its
+// approval.requested event, which orders approvals requested at the same
+// instant in the order they were stored.
+func approvalItem(a belay.Approval, position, ttl int64) item {
 	it := keyOf(runPK(a.RunID), approvalSK(a.ID))
+	it["position"] = avN(position)
 	it["approvalId"] = avS(a.ID)
 	it["runId"] = avS(a.RunID)
 	it["tool"] = avS(a.Tool)

@@ -210,6 +210,28 @@ func testApprovals(t *testing.T, open opener) {
 		}
 	})
 
+	t.Run("list_same_instant_in_stored_order", func(t *testing.T) {
+		s := open(t, Options{})
+		createIn(t, s, "run-a", belay.StatusRunning)
+		ids := []string{"appr-z", "appr-m", "appr-a"}
+		for _, id := range ids {
+			if _, err := s.CreateApproval(t.Context(), newApproval("run-a", id, 100)); err != nil {
+				t.Fatalf("CreateApproval(%s): %v", id, err)
+			}
+		}
+		got, err := s.ListApprovals(t.Context(), "run-a")
+		if err != nil {
+			t.Fatalf("ListApprovals: %v", err)
+		}
+		listed := make([]string, len(got))
+		for i, a := range got {
+			listed[i] = a.ID
+		}
+		if !slices.Equal(listed, ids) {
+			t.Fatalf("approvals requested at one instant listed %v, want the order they were stored %v", listed, ids)
+		}
+	})
+
 	t.Run("not_found", func(t *testing.T) {
 		s := open(t, Options{})
 		createIn(t, s, "run-a", belay.StatusRunning)
