@@ -81,7 +81,12 @@ for i in $(seq 1 100); do
 	[[ $i -eq 100 ]] && { echo "demo: belay serve did not answer within 10 s" >&2; exit 1; }
 	sleep 0.1
 done
-grep -i "isolation" "$data/serve.log" | head -n 3 || true
+# What isolation each sandbox gets: belay serve's own list (printed just
+# after it starts serving), and the launcher's warning when it could not
+# apply all of it.
+for _ in $(seq 1 20); do grep -q '^  isolation:' "$data/serve.log" && break; sleep 0.1; done
+awk '/^  isolation:/ {p = 1; print; next} p && /^    - / {print; next} {p = 0}' "$data/serve.log"
+grep -o '"msg":"local sandbox: [^"]*"' "$data/serve.log" | sed 's/^"msg":"/  warning: /; s/"$//' || true
 
 say "belay run examples/calc --allow calc.py --check 'python3 -m pytest -q' --follow"
 status=0
