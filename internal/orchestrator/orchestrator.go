@@ -726,14 +726,19 @@ func (o *Orchestrator) Finalize(ctx context.Context, run belay.Run, out Outcome)
 // Cleanup is the step every path ends with: it revokes the run's
 // capability, stops its sandbox and removes the sandbox's workspace. Each
 // part is idempotent and is tried even when another fails; sb may be nil
-// when no sandbox was launched.
+// when no sandbox was launched. Stopping waits at most collectTimeout, so a
+// sandbox that cannot be reaped still has its workspace removed and does
+// not hold its run's goroutine (and Close) for ever.
 func (o *Orchestrator) Cleanup(ctx context.Context, runID string, sb belay.Sandbox) error {
 	var errs []error
 	if err := o.store.RevokeCapability(ctx, runID); err != nil {
 		errs = append(errs, fmt.Errorf("revoke capability of run %s: %w", runID, err))
 	}
 	if sb != nil {
-		if err := sb.Stop(ctx); err != nil {
+		sctx, cancel := context.WithTimeout(ctx, collectTimeout)
+		err := sb.Stop(sctx)
+		cancel()
+		if err != nil {
 			errs = append(errs, fmt.Errorf("stop sandbox of run %s: %w", runID, err))
 		}
 		if err := sb.Cleanup(); err != nil {

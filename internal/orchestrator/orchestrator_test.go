@@ -967,3 +967,58 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 		t.Errorf("New(complete config): %v", err)
 	}
 }
+
+// stuckSandbox is a sandbox whose processes cannot be reaped: Stop only
+// ends with its context.
+type stuckSandbox struct {
+	stopBounded bool
+	cleanups    int
+}
+
+func (s *stuckSandbox) Wait(ctx context.Context) (belay.SandboxExit, error) {
+	<-ctx.Done()
+	return belay.SandboxExit{}, ctx.Err()
+}
+
+func (s *stuckSandbox) Stop(ctx context.Context) error {
+	_, s.stopBounded = ctx.Deadline()
+	if !s.stopBounded {
+		// An unbounded Stop would hang here for ever; fail instead of
+		// hanging the test.
+		return errors.New("stuck sandbox: Stop without a deadline would never return")
+	}
+	return fmt.Errorf("stuck sandbox: not reaped: %w", context.DeadlineExceeded)
+}
+
+func (s *stuckSandbox) Cleanup() error {
+	s.cleanups++
+	return nil
+}
+
+// TestCleanupBoundsStop: a sandbox that cannot be stopped still gets its
+// Cleanup (its workspace removed) and its capability revoked, and the stop
+// is bounded even when the caller's context is not.
+func TestCleanupBoundsStop(t *testing.T) {
+	h := newHarness(t)
+	const id = "run-stuck"
+	h.createRun(t, id, testRequest(t, 60), plan{})
+	if err := h.store.ActivateCapability(t.Context(), belay.Capability{
+		RunID: id, Model: testModel, State: belay.CapabilityActive, ExpiresAt: clock.Add(time.Hour), MaxRequests: 3,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sb := &stuckSandbox{}
+	err := h.orch.Cleanup(context.Background(), id, sb)
+	if !sb.stopBounded {
+		t.Error("Cleanup called Stop with no deadline: a sandbox that is never reaped would hold it for ever")
+	}
+	if err == nil || !strings.Contains(err.Error(), "stop sandbox of run "+id) {
+		t.Errorf("Cleanup = %v; want the stop failure reported", err)
+	}
+	if sb.cleanups != 1 {
+		t.Errorf("sandbox Cleanup called %d times, want once even though Stop failed", sb.cleanups)
+	}
+	if res, err := h.store.ConsumeModelRequest(t.Context(), id, testModel, clock); err != nil || res.Outcome != belay.ConsumeInactive {
+		t.Errorf("after Cleanup: consume = %+v, %v; want inactive", res, err)
+	}
+}
