@@ -233,9 +233,10 @@ type EventBatch struct {
 	Events  []belay.EventInput `json:"events"`
 }
 
-// Bounds of one event batch.
+// Bounds of one event batch. A batch is one AppendEvents call, so it holds
+// at most what every store takes at once (DynamoDB's transaction limit).
 const (
-	MaxBatchEvents  = 100
+	MaxBatchEvents  = belay.MaxAppendEvents
 	MaxBatchBytes   = 256 << 10
 	MaxBatchIDLen   = 128
 	MaxApprovalBody = 64 << 10
