@@ -14,11 +14,8 @@ func cmdApprovals(ctx context.Context, e *env, args []string) error {
 		"Lists a run's approval requests, pending and decided, oldest first. A pending request\n"+
 			"past its expiry shows as denied (by timeout).")
 	asJSON := fs.Bool("json", false, "print the approvals as JSON")
-	pos, err := parseArgs(fs, args)
+	pos, err := parseExact(fs, args, "ID")
 	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, pos, "ID"); err != nil {
 		return err
 	}
 	c, err := e.client()

@@ -16,11 +16,8 @@ func cmdApprove(ctx context.Context, e *env, args []string) error {
 			"  deny           refuse it; the agent is told and goes on\n"+
 			"  cancel         refuse it and cancel the run")
 	reason := fs.String("reason", "", "why, for the run's record")
-	pos, err := parseArgs(fs, args)
+	pos, err := parseExact(fs, args, "ID", "APPROVAL", "DECISION")
 	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, pos, "ID", "APPROVAL", "DECISION"); err != nil {
 		return err
 	}
 	d := belay.Decision(pos[2])

@@ -10,11 +10,8 @@ func cmdCancel(ctx context.Context, e *env, args []string) error {
 	fs := newFlagSet(e, "cancel", "ID",
 		"Cancels a run: its model calls stop at once, its sandbox is stopped, and it ends\n"+
 			"cancelled. Cancelling again is harmless; a run that has ended cannot be cancelled.")
-	pos, err := parseArgs(fs, args)
+	pos, err := parseExact(fs, args, "ID")
 	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, pos, "ID"); err != nil {
 		return err
 	}
 	c, err := e.client()

@@ -28,11 +28,8 @@ func cmdEvents(ctx context.Context, e *env, args []string) error {
 	follow := fs.Bool("follow", false, "keep printing events live until the run ends")
 	after := fs.Int64("after", 0, "print only events after this `seq`")
 	asJSON := fs.Bool("json", false, "print each event as a JSON line")
-	pos, err := parseArgs(fs, args)
+	pos, err := parseExact(fs, args, "ID")
 	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, pos, "ID"); err != nil {
 		return err
 	}
 	if *after < 0 {

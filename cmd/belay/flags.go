@@ -71,6 +71,19 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// parseExact parses like parseArgs and requires exactly the named
+// positional arguments.
+func parseExact(fs *flag.FlagSet, args []string, names ...string) ([]string, error) {
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if err := wantArgs(fs, pos, names...); err != nil {
+		return nil, err
+	}
+	return pos, nil
+}
+
 // wantArgs checks the number of positional arguments.
 func wantArgs(fs *flag.FlagSet, got []string, names ...string) error {
 	name := strings.TrimPrefix(fs.Name(), "belay ")

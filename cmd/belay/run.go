@@ -49,11 +49,8 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	fs.Var(&approvalAllow, "approval-allow", "a `tool` the allow_list or ask policy allows without asking (repeatable)")
 	idemKey := fs.String("idempotency-key", "", "retry-safe `key`: the same key and request return the same run")
 	follow := fs.Bool("follow", false, "print the events live, then the outcome and the patch")
-	pos, err := parseArgs(fs, args)
+	pos, err := parseExact(fs, args, "DIR")
 	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, pos, "DIR"); err != nil {
 		return err
 	}
 	if strings.TrimSpace(*instruction) == "" {

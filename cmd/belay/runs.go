@@ -24,11 +24,7 @@ func cmdRuns(ctx context.Context, e *env, args []string) error {
 	limit := fs.Int("limit", 0, "most runs to list (server default when 0)")
 	cursor := fs.String("cursor", "", "continue a listing where the previous page ended")
 	asJSON := fs.Bool("json", false, "print the page as JSON")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, pos); err != nil {
+	if _, err := parseExact(fs, args); err != nil {
 		return err
 	}
 	if *limit < 0 {
@@ -75,11 +71,8 @@ func statusText(r httpapi.RunView) string {
 func cmdRunsShow(ctx context.Context, e *env, args []string) error {
 	fs := newFlagSet(e, "runs show", "ID [--json]", "Prints one run: its state, usage, checks, changed files and artifacts.")
 	asJSON := fs.Bool("json", false, "print the run as JSON")
-	pos, err := parseArgs(fs, args)
+	pos, err := parseExact(fs, args, "ID")
 	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, pos, "ID"); err != nil {
 		return err
 	}
 	c, err := e.client()

@@ -62,11 +62,7 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&cfg.EventBufferSize, "event-buffer", 0, "events kept per run (default 2000)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", embedded.DefaultShutdownTimeout,
 		"bound on each stage of a graceful shutdown")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, pos); err != nil {
+	if _, err := parseExact(fs, args); err != nil {
 		return err
 	}
 	cfg.Logger = newLogger(e.stderr)

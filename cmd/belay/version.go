@@ -10,11 +10,7 @@ import (
 // platform, which matter when reporting a problem.
 func cmdVersion(_ context.Context, e *env, args []string) error {
 	fs := newFlagSet(e, "version", "", "Prints belay's version.")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, pos); err != nil {
+	if _, err := parseExact(fs, args); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "belay %s (%s %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
