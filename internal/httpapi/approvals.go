@@ -138,32 +138,32 @@ func (s *Server) handleDecideApproval(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, http.StatusOK, decided)
 }
 
-// verifyRunToken checks an internal route's bearer token for the {id} run
-// and the given audience. Every refusal is the same unauthorized answer;
-// the reason goes to the log only.
-func (s *Server) verifyRunToken(r *http.Request, aud token.Audience, runID string) error {
+// sandboxRunID returns an internal route's {id} run once its bearer token
+// is verified for that run and the given audience. Every refusal is the
+// same unauthorized answer; the reason goes to the log only.
+func (s *Server) sandboxRunID(r *http.Request, aud token.Audience) (string, error) {
+	runID, err := runID(r)
+	if err != nil {
+		return "", err
+	}
 	tok, ok := bearer(r)
 	if !ok {
-		return belay.Errorf(belay.CodeUnauthorized, "missing run token")
+		return "", belay.Errorf(belay.CodeUnauthorized, "missing run token")
 	}
 	if _, err := s.signer.Verify(tok, token.Expect{Audience: aud, RunID: runID, Model: s.limits.Model}); err != nil {
 		s.log.Info("run token refused", "request_id", stateOf(r).id, "run_id", runID,
 			"audience", string(aud), "err", err.Error())
-		return err
+		return "", err
 	}
-	return nil
+	return runID, nil
 }
 
 // handleRequestApproval is the sandbox asking whether it may run a tool
 // call. The run's policy answers at once where it can; "ask" leaves the
 // approval pending for a person, until its timeout denies it.
 func (s *Server) handleRequestApproval(w http.ResponseWriter, r *http.Request) {
-	id, err := runID(r)
+	id, err := s.sandboxRunID(r, token.AudienceApprovals)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if err := s.verifyRunToken(r, token.AudienceApprovals, id); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -251,12 +251,8 @@ func (s *Server) allowedForSession(ctx context.Context, runID, tool string) bool
 }
 
 func (s *Server) handleGetApprovalInternal(w http.ResponseWriter, r *http.Request) {
-	id, err := runID(r)
+	id, err := s.sandboxRunID(r, token.AudienceApprovals)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if err := s.verifyRunToken(r, token.AudienceApprovals, id); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -20,12 +20,8 @@ const sandboxBatchPrefix = "sandbox:"
 // in belay.SandboxEventTypes are accepted: everything else (a terminal
 // state, a decision) is the control plane's to write.
 func (s *Server) handleAppendEvents(w http.ResponseWriter, r *http.Request) {
-	id, err := runID(r)
+	id, err := s.sandboxRunID(r, token.AudienceEvents)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if err := s.verifyRunToken(r, token.AudienceEvents, id); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
