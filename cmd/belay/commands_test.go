@@ -13,7 +13,7 @@ import (
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/embedded"
 	"github.com/belay-dev/belay/internal/embedded/embeddedtest"
-	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // failedRun starts a run that the inert sandbox fails at once and waits
@@ -90,7 +90,7 @@ func TestReadCommands(t *testing.T) {
 	})
 	t.Run("runs as JSON", func(t *testing.T) {
 		r := s.belay(t, "runs", "--json")
-		var list httpapi.RunList
+		var list wire.RunList
 		if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list.Runs) != 1 || list.Runs[0].RunID != id {
 			t.Fatalf("runs --json = %s (%v)", r.stdout, err)
 		}

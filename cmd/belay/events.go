@@ -13,6 +13,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 const eventsDoc = `Prints a run's events, one readable line each, or as JSON lines with --json.
@@ -87,18 +88,18 @@ func followEvents(ctx context.Context, e *env, c *httpapi.Client, id string, aft
 // missedEvent is the marker StreamEvents gives for events the server no
 // longer keeps; the NDJSON page reports them in its fields instead.
 func missedEvent(oldest int64) belay.Event {
-	data, _ := json.Marshal(httpapi.EventsMissed{OldestSeq: oldest})
-	return belay.Event{Type: httpapi.EventsMissedType, Data: data}
+	data, _ := json.Marshal(wire.EventsMissed{OldestSeq: oldest})
+	return belay.Event{Type: wire.EventsMissedType, Data: data}
 }
 
 // printEvent writes one event: as the server's NDJSON line with asJSON,
 // else as a readable line, with a hint under an approval request.
 func printEvent(w io.Writer, runID string, ev belay.Event, asJSON bool) error {
-	if ev.Type == httpapi.EventsMissedType {
-		var m httpapi.EventsMissed
+	if ev.Type == wire.EventsMissedType {
+		var m wire.EventsMissed
 		_ = json.Unmarshal(ev.Data, &m)
 		if asJSON {
-			return writeJSONLine(w, httpapi.EventsMissedLine{Type: ev.Type, Data: m})
+			return writeJSONLine(w, wire.EventsMissedLine{Type: ev.Type, Data: m})
 		}
 		_, err := fmt.Fprintf(w, "  ... older events are no longer kept; the log continues at #%d\n", m.OldestSeq)
 		return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 const runsDoc = `Lists runs, newest first, or with "show ID" prints one run in full.`
@@ -60,7 +61,7 @@ func cmdRuns(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-func statusText(r httpapi.RunView) string {
+func statusText(r wire.RunView) string {
 	if r.CancelRequested && !r.Status.Terminal() {
 		return string(r.Status) + " (cancelling)"
 	}
@@ -91,7 +92,7 @@ func cmdRunsShow(ctx context.Context, e *env, args []string) error {
 }
 
 // printRun writes a run's state and outcome for a person.
-func printRun(w io.Writer, r httpapi.RunView) {
+func printRun(w io.Writer, r wire.RunView) {
 	fmt.Fprintf(w, "run %s: %s\n", r.RunID, statusText(r))
 	if r.Reason != "" {
 		fmt.Fprintf(w, "  reason:        %s\n", printableLine(r.Reason))

@@ -22,6 +22,7 @@ import (
 	"github.com/belay-dev/belay/internal/embedded/embeddedtest"
 	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // The end-to-end tests in this package run the whole embedded control
@@ -185,7 +186,7 @@ func startWith(tb testing.TB, p *provider, logs *embeddedtest.Logs, sandboxBin s
 
 // finished follows the run to its terminal event and returns its events
 // and the run as it ended.
-func (pl plane) finished(tb testing.TB, runID string) ([]belay.Event, httpapi.RunView) {
+func (pl plane) finished(tb testing.TB, runID string) ([]belay.Event, wire.RunView) {
 	tb.Helper()
 	events := follow(tb, pl.c, runID)
 	run, err := pl.c.GetRun(context.Background(), runID)

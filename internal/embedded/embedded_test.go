@@ -20,6 +20,7 @@ import (
 	"github.com/belay-dev/belay/internal/embedded"
 	"github.com/belay-dev/belay/internal/embedded/embeddedtest"
 	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 func clientOf(tb testing.TB, m *embedded.Main) *httpapi.Client {
@@ -192,7 +193,7 @@ func TestCloseFinishesInFlightRequests(t *testing.T) {
 		t.Fatalf("the in-flight request got no answer: %v", err)
 	}
 	defer resp.Body.Close()
-	var created httpapi.CreateRunResponse
+	var created wire.CreateRunResponse
 	if err := json.NewDecoder(resp.Body).Decode(&created); err != nil || resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("in-flight create: %d, %v", resp.StatusCode, err)
 	}

@@ -15,10 +15,10 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/embedded"
-	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/orchestrator"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/sqlite"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // slowTest is a pytest test that outlasts every run here: a check that
@@ -183,7 +183,7 @@ func TestCancelDuringALongCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	// DESIGN.md's requirement for cancel, polled: cancelled within 2 s.
-	var run httpapi.RunView
+	var run wire.RunView
 	for {
 		run, err = pl.c.GetRun(ctx, created.RunID)
 		if err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/belay-dev/belay/internal/embedded/embeddedtest"
 	"github.com/belay-dev/belay/internal/httpapi"
 	belays3 "github.com/belay-dev/belay/internal/s3"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // storeTestDynamoEndpoint returns the DynamoDB Local that
@@ -208,7 +209,7 @@ func TestServeOnDynamoDBAndS3(t *testing.T) {
 		t.Fatalf("StreamEvents: %v", err)
 	}
 
-	readBack := func(tb testing.TB, c *httpapi.Client) httpapi.RunView {
+	readBack := func(tb testing.TB, c *httpapi.Client) wire.RunView {
 		tb.Helper()
 		run, err := c.GetRun(ctx, id)
 		if err != nil {

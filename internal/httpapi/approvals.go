@@ -11,6 +11,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/token"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // Who decided an approval, as recorded in Approval.DecidedBy.
@@ -76,7 +77,7 @@ func (s *Server) handleListApprovals(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.writeJSON(w, http.StatusOK, ApprovalList{Approvals: nonNil(list)})
+	s.writeJSON(w, http.StatusOK, wire.ApprovalList{Approvals: wire.NonNil(list)})
 }
 
 // handleDecideApproval records a person's decision. A decision of cancel
@@ -97,7 +98,7 @@ func (s *Server) handleDecideApproval(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	var req DecisionRequest
+	var req wire.DecisionRequest
 	if err := decodeStrict(body, &req); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -107,9 +108,9 @@ func (s *Server) handleDecideApproval(w http.ResponseWriter, r *http.Request) {
 			"must be one of allow_once, allow_session, deny, cancel"))
 		return
 	}
-	if len(req.Reason) > MaxDecisionReasonLen || !utf8.ValidString(req.Reason) {
+	if len(req.Reason) > wire.MaxDecisionReasonLen || !utf8.ValidString(req.Reason) {
 		s.writeError(w, r, belay.FieldErrorf(belay.CodeInvalid, "reason",
-			"must be valid UTF-8 of at most %d bytes", MaxDecisionReasonLen))
+			"must be valid UTF-8 of at most %d bytes", wire.MaxDecisionReasonLen))
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
@@ -167,12 +168,12 @@ func (s *Server) handleRequestApproval(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	body, err := readBody(w, r, MaxApprovalBody)
+	body, err := readBody(w, r, wire.MaxApprovalBody)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	var req ApprovalRequest
+	var req wire.ApprovalRequest
 	if err := decodeStrict(body, &req); err != nil {
 		s.writeError(w, r, err)
 		return

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 const shellAsk = `{"tool":"shell","arguments":{"command":"ls -la"}}`
@@ -67,7 +67,7 @@ func TestApprovalAskAndDecide(t *testing.T) {
 	h.ask(t, id, toks.Approvals, shellAsk).decode(t, &pending)
 	poll := "/internal/v1/runs/" + id + "/approvals/" + pending.ID
 
-	var list httpapi.ApprovalList
+	var list wire.ApprovalList
 	h.public(t, "GET", "/v1/runs/"+id+"/approvals", "").decode(t, &list)
 	if len(list.Approvals) != 1 || list.Approvals[0].ID != pending.ID || list.Approvals[0].Status != belay.ApprovalPending {
 		t.Fatalf("list %+v", list)
@@ -145,7 +145,7 @@ func TestApprovalTimeout(t *testing.T) {
 	if a.status != 409 || a.errorCode(t) != belay.CodeConflict {
 		t.Errorf("late decision: %d %s, want 409", a.status, a.body)
 	}
-	var list httpapi.ApprovalList
+	var list wire.ApprovalList
 	h.public(t, "GET", "/v1/runs/"+id+"/approvals", "").decode(t, &list)
 	for _, ap := range list.Approvals {
 		if ap.Decision != belay.DecisionDeny || ap.DecidedBy != "timeout" {
@@ -231,13 +231,13 @@ func TestSandboxEvents(t *testing.T) {
 	if a.status != 200 {
 		t.Fatalf("append: %d %s", a.status, a.body)
 	}
-	var got httpapi.EventBatchResponse
+	var got wire.EventBatchResponse
 	a.decode(t, &got)
 	if len(got.Events) != 2 || got.Events[0].Seq != 3 || got.Events[1].Type != belay.EventToolCall {
 		t.Errorf("appended %+v", got.Events)
 	}
 	// A retry of the same batch appends nothing and answers the same.
-	var retry httpapi.EventBatchResponse
+	var retry wire.EventBatchResponse
 	post(toks.Events, batch).decode(t, &retry)
 	if len(retry.Events) != 2 || retry.Events[0].Seq != 3 {
 		t.Errorf("retry answered %+v", retry.Events)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // artifactTypes gives each artifact's content type by extension. Nothing a
@@ -34,7 +35,7 @@ func (s *Server) handleListArtifacts(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.writeJSON(w, http.StatusOK, ArtifactList{Artifacts: nonNil(list)})
+	s.writeJSON(w, http.StatusOK, wire.ArtifactList{Artifacts: wire.NonNil(list)})
 }
 
 func (s *Server) handleGetArtifact(w http.ResponseWriter, r *http.Request) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // Defaults of the client's options.
@@ -39,7 +40,7 @@ const maxErrorAnswer = 64 << 10
 
 // maxSSELine caps one line of an event stream: an event's JSON, whose data
 // comes from a batch of at most MaxBatchBytes.
-const maxSSELine = 2 * MaxBatchBytes
+const maxSSELine = 2 * wire.MaxBatchBytes
 
 // Client calls belay's public API (DESIGN.md "API contract (v1)") with the
 // control-plane token. The CLI is built on it, so it speaks exactly the wire
@@ -218,8 +219,8 @@ func codeForStatus(status int) belay.Code {
 // responseError turns a non-2xx answer into an *APIError.
 func responseError(resp *http.Response) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorAnswer))
-	reqID := resp.Header.Get(RequestIDHeader)
-	var eb ErrorBody
+	reqID := resp.Header.Get(wire.RequestIDHeader)
+	var eb wire.ErrorBody
 	if err := json.Unmarshal(body, &eb); err == nil && eb.Error.Code != "" {
 		if eb.Error.RequestID == "" {
 			eb.Error.RequestID = reqID
@@ -320,7 +321,7 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 		return fmt.Errorf("%s %s: the answer is larger than %d bytes", method, path, maxJSONAnswer)
 	}
 	if err := json.Unmarshal(b, out); err != nil {
-		return fmt.Errorf("%s %s: decode answer (request id %s): %w", method, path, resp.Header.Get(RequestIDHeader), err)
+		return fmt.Errorf("%s %s: decode answer (request id %s): %w", method, path, resp.Header.Get(wire.RequestIDHeader), err)
 	}
 	return nil
 }
@@ -362,7 +363,7 @@ type approvalBody struct {
 // to retry: the same key with the same request returns the same run; with
 // another request the server answers conflict. Bad input is invalid (or
 // too_large) with a message naming the field.
-func (c *Client) CreateRun(ctx context.Context, req belay.RunRequest, idempotencyKey string) (CreateRunResponse, error) {
+func (c *Client) CreateRun(ctx context.Context, req belay.RunRequest, idempotencyKey string) (wire.CreateRunResponse, error) {
 	body := createRunBody{
 		Instruction:     req.Instruction,
 		Model:           req.Model,
@@ -377,16 +378,16 @@ func (c *Client) CreateRun(ctx context.Context, req belay.RunRequest, idempotenc
 	}
 	var header http.Header
 	if idempotencyKey != "" {
-		header = http.Header{IdempotencyKeyHeader: {idempotencyKey}}
+		header = http.Header{wire.IdempotencyKeyHeader: {idempotencyKey}}
 	}
-	var out CreateRunResponse
+	var out wire.CreateRunResponse
 	err := c.call(ctx, http.MethodPost, "/v1/runs", nil, body, header, &out)
 	return out, err
 }
 
 // GetRun returns the run's public view. Returns not_found for an unknown run.
-func (c *Client) GetRun(ctx context.Context, id string) (RunView, error) {
-	var out RunView
+func (c *Client) GetRun(ctx context.Context, id string) (wire.RunView, error) {
+	var out wire.RunView
 	err := c.call(ctx, http.MethodGet, runPath(id), nil, nil, nil, &out)
 	return out, err
 }
@@ -400,7 +401,7 @@ type ListRunsOptions struct {
 }
 
 // ListRuns returns one page of runs, newest first.
-func (c *Client) ListRuns(ctx context.Context, opts ListRunsOptions) (RunList, error) {
+func (c *Client) ListRuns(ctx context.Context, opts ListRunsOptions) (wire.RunList, error) {
 	q := url.Values{}
 	if opts.Status != "" {
 		q.Set("status", string(opts.Status))
@@ -411,7 +412,7 @@ func (c *Client) ListRuns(ctx context.Context, opts ListRunsOptions) (RunList, e
 	if opts.Cursor != "" {
 		q.Set("cursor", opts.Cursor)
 	}
-	var out RunList
+	var out wire.RunList
 	err := c.call(ctx, http.MethodGet, "/v1/runs", q, nil, nil, &out)
 	return out, err
 }
@@ -441,12 +442,12 @@ func (c *Client) Events(ctx context.Context, runID string, after int64, limit in
 	}
 	defer resp.Body.Close()
 	var page belay.EventPage
-	if v := resp.Header.Get(LastSeqHeader); v != "" {
+	if v := resp.Header.Get(wire.LastSeqHeader); v != "" {
 		if page.LastSeq, err = strconv.ParseInt(v, 10, 64); err != nil {
-			return belay.EventPage{}, fmt.Errorf("GET %s: bad %s header", path, LastSeqHeader)
+			return belay.EventPage{}, fmt.Errorf("GET %s: bad %s header", path, wire.LastSeqHeader)
 		}
 	}
-	page.Terminal = resp.Header.Get(TerminalHeader) == "true"
+	page.Terminal = resp.Header.Get(wire.TerminalHeader) == "true"
 	dec := json.NewDecoder(io.LimitReader(resp.Body, maxJSONAnswer*8))
 	for {
 		var line struct {
@@ -456,12 +457,12 @@ func (c *Client) Events(ctx context.Context, runID string, after int64, limit in
 		if err := dec.Decode(&line); err == io.EOF {
 			break
 		} else if err != nil {
-			return belay.EventPage{}, fmt.Errorf("GET %s: decode events (request id %s): %w", path, resp.Header.Get(RequestIDHeader), err)
+			return belay.EventPage{}, fmt.Errorf("GET %s: decode events (request id %s): %w", path, resp.Header.Get(wire.RequestIDHeader), err)
 		}
-		if line.Seq == nil && line.Type == EventsMissedType {
-			var m EventsMissed
+		if line.Seq == nil && line.Type == wire.EventsMissedType {
+			var m wire.EventsMissed
 			if err := json.Unmarshal(line.Data, &m); err != nil {
-				return belay.EventPage{}, fmt.Errorf("GET %s: decode %s: %w", path, EventsMissedType, err)
+				return belay.EventPage{}, fmt.Errorf("GET %s: decode %s: %w", path, wire.EventsMissedType, err)
 			}
 			page.Missed, page.OldestSeq = true, m.OldestSeq
 			continue
@@ -482,7 +483,7 @@ func derefSeq(p *int64) int64 {
 // ListApprovals returns the run's approvals, pending and decided, oldest
 // first. A pending one past its expiry comes back decided deny.
 func (c *Client) ListApprovals(ctx context.Context, runID string) ([]belay.Approval, error) {
-	var out ApprovalList
+	var out wire.ApprovalList
 	err := c.call(ctx, http.MethodGet, runPath(runID, "approvals"), nil, nil, nil, &out)
 	return out.Approvals, err
 }
@@ -493,22 +494,22 @@ func (c *Client) ListApprovals(ctx context.Context, runID string) ([]belay.Appro
 func (c *Client) Decide(ctx context.Context, runID, approvalID string, d belay.Decision, reason string) (belay.Approval, error) {
 	var out belay.Approval
 	err := c.call(ctx, http.MethodPost, runPath(runID, "approvals", approvalID), nil,
-		DecisionRequest{Decision: d, Reason: reason}, nil, &out)
+		wire.DecisionRequest{Decision: d, Reason: reason}, nil, &out)
 	return out, err
 }
 
 // Cancel asks for the run to be cancelled and returns its view: model calls
 // stop at once, the sandbox is stopped, and the run ends cancelled. Calling
 // it again is harmless; a run that has already ended answers conflict.
-func (c *Client) Cancel(ctx context.Context, runID string) (RunView, error) {
-	var out RunView
+func (c *Client) Cancel(ctx context.Context, runID string) (wire.RunView, error) {
+	var out wire.RunView
 	err := c.call(ctx, http.MethodPost, runPath(runID, "cancel"), nil, nil, nil, &out)
 	return out, err
 }
 
 // ListArtifacts names the run's artifacts and their sizes.
 func (c *Client) ListArtifacts(ctx context.Context, runID string) ([]belay.ArtifactInfo, error) {
-	var out ArtifactList
+	var out wire.ArtifactList
 	err := c.call(ctx, http.MethodGet, runPath(runID, "artifacts"), nil, nil, nil, &out)
 	return out.Artifacts, err
 }
@@ -672,8 +673,8 @@ func (c *Client) streamOnce(ctx context.Context, runID string, after int64, last
 		if skip {
 			continue
 		}
-		if ev.Type == EventsMissedType {
-			var m EventsMissed
+		if ev.Type == wire.EventsMissedType {
+			var m wire.EventsMissed
 			_ = json.Unmarshal(ev.Data, &m)
 			// Events before OldestSeq are gone; a reconnect must not
 			// report them missing again.
@@ -706,13 +707,13 @@ func (c *Client) streamOnce(ctx context.Context, runID string, after int64, last
 func decodeSSE(id, typ, data string, last int64) (ev belay.Event, skip bool, err error) {
 	switch typ {
 	case "error":
-		var eb ErrorBody
+		var eb wire.ErrorBody
 		if jerr := json.Unmarshal([]byte(data), &eb); jerr != nil || eb.Error.Code == "" {
 			return ev, false, &APIError{Code: belay.CodeInternal, Message: "the event stream ended with an unreadable error"}
 		}
 		return ev, false, &APIError{Code: eb.Error.Code, Message: eb.Error.Message, RequestID: eb.Error.RequestID}
-	case EventsMissedType:
-		return belay.Event{Type: EventsMissedType, Data: json.RawMessage(data)}, false, nil
+	case wire.EventsMissedType:
+		return belay.Event{Type: wire.EventsMissedType, Data: json.RawMessage(data)}, false, nil
 	}
 	if err := json.Unmarshal([]byte(data), &ev); err != nil {
 		return ev, false, fmt.Errorf("event stream: event %s is not valid JSON: %w", id, err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // clientFor returns a client of the harness's server at url (the server's
@@ -72,7 +73,7 @@ func TestClientRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CreateRun: %v", err)
 	}
-	if created.Status != belay.StatusQueued || created.Links != httpapi.LinksFor(created.RunID) {
+	if created.Status != belay.StatusQueued || created.Links != wire.LinksFor(created.RunID) {
 		t.Fatalf("CreateRun answered %+v", created)
 	}
 	again, err := c.CreateRun(ctx, req, "key-1")
@@ -256,7 +257,7 @@ func TestClientErrors(t *testing.T) {
 
 func TestClientErrorWithoutBelayBody(t *testing.T) {
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(httpapi.RequestIDHeader, "req_front")
+		w.Header().Set(wire.RequestIDHeader, "req_front")
 		w.Header().Set("Content-Type", "text/html")
 		w.WriteHeader(http.StatusBadGateway)
 		_, _ = io.WriteString(w, "<html>upstream FRONT-PAGE-CANARY</html>")
@@ -511,10 +512,10 @@ func TestStreamEventsReportsMissedEvents(t *testing.T) {
 	if err != nil {
 		t.Fatalf("StreamEvents: %v", err)
 	}
-	if len(got) != 6 || got[0].Type != httpapi.EventsMissedType || got[0].Seq != 0 {
+	if len(got) != 6 || got[0].Type != wire.EventsMissedType || got[0].Seq != 0 {
 		t.Fatalf("got %v; want events.missed first, then 19..23", seqs(got))
 	}
-	var m httpapi.EventsMissed
+	var m wire.EventsMissed
 	if err := json.Unmarshal(got[0].Data, &m); err != nil || m.OldestSeq != 19 {
 		t.Fatalf("events.missed data = %s; want oldestSeq 19", got[0].Data)
 	}

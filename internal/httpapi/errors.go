@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // writeError answers err in the one error shape. Anything without a code is
@@ -31,7 +32,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.Debug("request refused", "request_id", st.id, "run_id", st.runID,
 			"code", string(code), "field", field)
 	}
-	s.writeJSON(w, HTTPStatus(code), ErrorBody{Error: ErrorDetail{
+	s.writeJSON(w, HTTPStatus(code), wire.ErrorBody{Error: wire.ErrorDetail{
 		Code:      code,
 		Message:   belay.ErrorMessage(err),
 		RequestID: st.id,
@@ -43,9 +44,9 @@ func (s *Server) writeJSON(w http.ResponseWriter, status int, v any) {
 	body, err := json.Marshal(v)
 	if err != nil {
 		// Only a programming error gets here; the types are ours.
-		s.log.Error("encode answer", "request_id", w.Header().Get(RequestIDHeader), "err", err.Error())
+		s.log.Error("encode answer", "request_id", w.Header().Get(wire.RequestIDHeader), "err", err.Error())
 		status = http.StatusInternalServerError
-		body = []byte(`{"error":{"code":"internal","message":"internal error","requestId":"` + w.Header().Get(RequestIDHeader) + `"}}`)
+		body = []byte(`{"error":{"code":"internal","message":"internal error","requestId":"` + w.Header().Get(wire.RequestIDHeader) + `"}}`)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

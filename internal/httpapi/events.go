@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // Bounds of GET /v1/runs/{id}/events as NDJSON.
@@ -61,13 +62,13 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/x-ndjson")
-	h.Set(LastSeqHeader, strconv.FormatInt(page.LastSeq, 10))
-	h.Set(TerminalHeader, strconv.FormatBool(page.Terminal))
+	h.Set(wire.LastSeqHeader, strconv.FormatInt(page.LastSeq, 10))
+	h.Set(wire.TerminalHeader, strconv.FormatBool(page.Terminal))
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
 	if page.Missed {
-		_ = enc.Encode(EventsMissedLine{Type: EventsMissedType, Data: EventsMissed{OldestSeq: page.OldestSeq}})
+		_ = enc.Encode(wire.EventsMissedLine{Type: wire.EventsMissedType, Data: wire.EventsMissed{OldestSeq: page.OldestSeq}})
 	}
 	for _, e := range page.Events {
 		if err := enc.Encode(e); err != nil {
@@ -134,8 +135,8 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, id string,
 
 	for {
 		if page.Missed {
-			data, _ := json.Marshal(EventsMissed{OldestSeq: page.OldestSeq})
-			writeSSE(bw, "", EventsMissedType, data)
+			data, _ := json.Marshal(wire.EventsMissed{OldestSeq: page.OldestSeq})
+			writeSSE(bw, "", wire.EventsMissedType, data)
 			// Events before OldestSeq are gone; do not report them again.
 			after = max(after, page.OldestSeq-1)
 		}
@@ -220,7 +221,7 @@ func (s *Server) streamError(bw *bufio.Writer, r *http.Request, id string, err e
 	if code == belay.CodeInternal {
 		s.log.Error("event stream", "request_id", st.id, "run_id", id, "err", err.Error())
 	}
-	data, _ := json.Marshal(ErrorBody{Error: ErrorDetail{Code: code, Message: belay.ErrorMessage(err), RequestID: st.id}})
+	data, _ := json.Marshal(wire.ErrorBody{Error: wire.ErrorDetail{Code: code, Message: belay.ErrorMessage(err), RequestID: st.id}})
 	writeSSE(bw, "", "error", data)
 }
 

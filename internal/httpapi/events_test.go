@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // ndjsonLines splits an NDJSON answer into raw lines.
@@ -58,8 +58,8 @@ func TestEventsNDJSONPaging(t *testing.T) {
 		if a.status != 200 || a.header.Get("Content-Type") != "application/x-ndjson" {
 			t.Fatalf("events: %d %q %s", a.status, a.header.Get("Content-Type"), a.body)
 		}
-		if a.header.Get(httpapi.LastSeqHeader) != "12" || a.header.Get(httpapi.TerminalHeader) != "false" {
-			t.Errorf("headers: last seq %q terminal %q", a.header.Get(httpapi.LastSeqHeader), a.header.Get(httpapi.TerminalHeader))
+		if a.header.Get(wire.LastSeqHeader) != "12" || a.header.Get(wire.TerminalHeader) != "false" {
+			t.Errorf("headers: last seq %q terminal %q", a.header.Get(wire.LastSeqHeader), a.header.Get(wire.TerminalHeader))
 		}
 		lines := ndjsonLines(t, a.body)
 		if len(lines) > 5 {
@@ -110,9 +110,9 @@ func TestEventsMissedNDJSON(t *testing.T) {
 	if len(lines) != 6 {
 		t.Fatalf("got %d lines, want the marker and 5 events", len(lines))
 	}
-	var marker httpapi.EventsMissedLine
+	var marker wire.EventsMissedLine
 	raw, _ := json.Marshal(lines[0])
-	if err := json.Unmarshal(raw, &marker); err != nil || marker.Type != httpapi.EventsMissedType || marker.Data.OldestSeq != 8 {
+	if err := json.Unmarshal(raw, &marker); err != nil || marker.Type != wire.EventsMissedType || marker.Data.OldestSeq != 8 {
 		t.Errorf("first line %s, want events.missed with oldestSeq 8", raw)
 	}
 	if _, ok := lines[0]["seq"]; ok {
@@ -257,7 +257,7 @@ func TestSSEEventsMissed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if evs[0].event != httpapi.EventsMissedType || evs[0].id != "" || evs[0].data != `{"oldestSeq":8}` {
+	if evs[0].event != wire.EventsMissedType || evs[0].id != "" || evs[0].data != `{"oldestSeq":8}` {
 		t.Errorf("first event %+v, want events.missed without id, oldestSeq 8", evs[0])
 	}
 	if evs[1].id != "8" || evs[5].id != "12" {

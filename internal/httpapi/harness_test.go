@@ -23,6 +23,7 @@ import (
 	"github.com/belay-dev/belay/internal/localdir"
 	"github.com/belay-dev/belay/internal/sqlite"
 	"github.com/belay-dev/belay/internal/token"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 const testModel = "test-model-1"
@@ -289,7 +290,7 @@ type answer struct {
 
 func (a answer) errorCode(tb testing.TB) belay.Code {
 	tb.Helper()
-	var e httpapi.ErrorBody
+	var e wire.ErrorBody
 	if err := json.Unmarshal(a.body, &e); err != nil {
 		tb.Fatalf("answer %d is not an error body: %v: %s", a.status, err, a.body)
 	}
@@ -368,7 +369,7 @@ func (h *harness) createRun(tb testing.TB, extra string) string {
 	if a.status != http.StatusAccepted {
 		tb.Fatalf("create run: %d %s", a.status, a.body)
 	}
-	var cr httpapi.CreateRunResponse
+	var cr wire.CreateRunResponse
 	a.decode(tb, &cr)
 	return cr.RunID
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // Bounds of GET /v1/runs.
@@ -45,10 +46,10 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	key := r.Header.Get(IdempotencyKeyHeader)
-	if len(key) > MaxIdempotencyKeyLen || !isPrintableASCII(key) {
-		s.writeError(w, r, belay.FieldErrorf(belay.CodeInvalid, IdempotencyKeyHeader,
-			"must be at most %d printable ASCII characters", MaxIdempotencyKeyLen))
+	key := r.Header.Get(wire.IdempotencyKeyHeader)
+	if len(key) > wire.MaxIdempotencyKeyLen || !isPrintableASCII(key) {
+		s.writeError(w, r, belay.FieldErrorf(belay.CodeInvalid, wire.IdempotencyKeyHeader,
+			"must be at most %d printable ASCII characters", wire.MaxIdempotencyKeyLen))
 		return
 	}
 	req, err := belay.ParseRunRequest(body, s.limits)
@@ -83,9 +84,9 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	links := LinksFor(stored.ID)
+	links := wire.LinksFor(stored.ID)
 	w.Header().Set("Location", links.Self)
-	s.writeJSON(w, http.StatusAccepted, CreateRunResponse{RunID: stored.ID, Status: stored.Status, Links: links})
+	s.writeJSON(w, http.StatusAccepted, wire.CreateRunResponse{RunID: stored.ID, Status: stored.Status, Links: links})
 }
 
 // failUnsubmitted ends a run the orchestrator refused, so it does not sit
@@ -127,7 +128,7 @@ func (s *Server) handleGetRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.writeJSON(w, http.StatusOK, ViewOf(run))
+	s.writeJSON(w, http.StatusOK, wire.ViewOf(run))
 }
 
 func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) {
@@ -149,9 +150,9 @@ func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	list := RunList{Runs: make([]RunView, 0, len(page.Runs)), NextCursor: page.NextCursor}
+	list := wire.RunList{Runs: make([]wire.RunView, 0, len(page.Runs)), NextCursor: page.NextCursor}
 	for _, run := range page.Runs {
-		list.Runs = append(list.Runs, ViewOf(run))
+		list.Runs = append(list.Runs, wire.ViewOf(run))
 	}
 	s.writeJSON(w, http.StatusOK, list)
 }
@@ -196,7 +197,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.writeJSON(w, http.StatusAccepted, ViewOf(run))
+	s.writeJSON(w, http.StatusAccepted, wire.ViewOf(run))
 }
 
 // cancelRun is the cancel sequence, shared with an approval decided

@@ -11,6 +11,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 func TestHTTPStatusTable(t *testing.T) {
@@ -157,9 +158,9 @@ func TestCommonHeadersAndErrorShape(t *testing.T) {
 	if a.status != 404 {
 		t.Fatalf("status %d, want 404", a.status)
 	}
-	var e httpapi.ErrorBody
+	var e wire.ErrorBody
 	a.decode(t, &e)
-	rid := a.header.Get(httpapi.RequestIDHeader)
+	rid := a.header.Get(wire.RequestIDHeader)
 	if rid == "" || e.Error.RequestID != rid {
 		t.Errorf("requestId %q, header %q: want equal and non-empty", e.Error.RequestID, rid)
 	}
@@ -176,7 +177,7 @@ func TestCommonHeadersAndErrorShape(t *testing.T) {
 		}
 	}
 	b := h.public(t, "GET", "/v1/runs", "")
-	if b.header.Get(httpapi.RequestIDHeader) == rid {
+	if b.header.Get(wire.RequestIDHeader) == rid {
 		t.Error("two requests got the same request id")
 	}
 }
@@ -187,12 +188,12 @@ func TestCreateRun(t *testing.T) {
 	if a.status != http.StatusAccepted {
 		t.Fatalf("create: %d %s", a.status, a.body)
 	}
-	var cr httpapi.CreateRunResponse
+	var cr wire.CreateRunResponse
 	a.decode(t, &cr)
 	if !strings.HasPrefix(cr.RunID, "run_") || cr.Status != belay.StatusQueued {
 		t.Errorf("answer %+v, want run_ id and queued", cr)
 	}
-	if cr.Links != httpapi.LinksFor(cr.RunID) || cr.Links.Cancel != "/v1/runs/"+cr.RunID+"/cancel" {
+	if cr.Links != wire.LinksFor(cr.RunID) || cr.Links.Cancel != "/v1/runs/"+cr.RunID+"/cancel" {
 		t.Errorf("links %+v", cr.Links)
 	}
 	if got := a.header.Get("Location"); got != "/v1/runs/"+cr.RunID {
@@ -216,7 +217,7 @@ func TestCreateRun(t *testing.T) {
 	if strings.Contains(string(g.body), fileCanary) || strings.Contains(string(g.body), "return a - b") {
 		t.Errorf("run view carries file contents: %s", g.body)
 	}
-	var v httpapi.RunView
+	var v wire.RunView
 	g.decode(t, &v)
 	if v.RunID != cr.RunID || v.Status != belay.StatusQueued || v.Usage.MaxRequests != 5 ||
 		len(v.Request.Files) != 2 || v.Request.Files[0] != "calc.py" || v.Model != testModel || v.CreatedAt.IsZero() {
@@ -226,10 +227,10 @@ func TestCreateRun(t *testing.T) {
 
 func TestCreateRunIdempotency(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
-	key := http.Header{httpapi.IdempotencyKeyHeader: {"deploy-42"}}
+	key := http.Header{wire.IdempotencyKeyHeader: {"deploy-42"}}
 	first := h.do(t, "POST", "/v1/runs", h.controlToken, []byte(runBody("")), key)
 	again := h.do(t, "POST", "/v1/runs", h.controlToken, []byte(runBody("")), key)
-	var a, b httpapi.CreateRunResponse
+	var a, b wire.CreateRunResponse
 	first.decode(t, &a)
 	again.decode(t, &b)
 	if first.status != 202 || again.status != 202 || a.RunID != b.RunID {
@@ -243,7 +244,7 @@ func TestCreateRunIdempotency(t *testing.T) {
 		t.Errorf("same key, other body: %d %s, want 409 conflict", other.status, other.body)
 	}
 	bad := h.do(t, "POST", "/v1/runs", h.controlToken, []byte(runBody("")),
-		http.Header{httpapi.IdempotencyKeyHeader: {strings.Repeat("k", 256)}})
+		http.Header{wire.IdempotencyKeyHeader: {strings.Repeat("k", 256)}})
 	if bad.status != 400 || bad.errorCode(t) != belay.CodeInvalid {
 		t.Errorf("oversize key: %d %s, want 400 invalid", bad.status, bad.body)
 	}
@@ -335,7 +336,7 @@ func TestListRuns(t *testing.T) {
 		if a.status != 200 {
 			t.Fatalf("list: %d %s", a.status, a.body)
 		}
-		var l httpapi.RunList
+		var l wire.RunList
 		a.decode(t, &l)
 		for _, r := range l.Runs {
 			got = append(got, r.RunID)
@@ -355,7 +356,7 @@ func TestListRuns(t *testing.T) {
 		}
 	}
 
-	var l httpapi.RunList
+	var l wire.RunList
 	h.public(t, "GET", "/v1/runs?status=running", "").decode(t, &l)
 	if len(l.Runs) != 1 || l.Runs[0].RunID != running {
 		t.Errorf("status=running listed %+v", l.Runs)
@@ -395,7 +396,7 @@ func TestCancel(t *testing.T) {
 	if a.status != 202 {
 		t.Fatalf("cancel: %d %s", a.status, a.body)
 	}
-	var v httpapi.RunView
+	var v wire.RunView
 	a.decode(t, &v)
 	if !v.CancelRequested || v.RunID != id {
 		t.Errorf("cancel answer %+v", v)
@@ -473,7 +474,7 @@ func TestArtifacts(t *testing.T) {
 		}
 	}
 	a := h.public(t, "GET", "/v1/runs/"+id+"/artifacts", "")
-	var list httpapi.ArtifactList
+	var list wire.ArtifactList
 	a.decode(t, &list)
 	if a.status != 200 || len(list.Artifacts) != 3 {
 		t.Fatalf("list: %d %s", a.status, a.body)
@@ -503,7 +504,7 @@ func TestArtifacts(t *testing.T) {
 			t.Errorf("GET %s: %d %s, want 404", p, a.status, a.body)
 		}
 	}
-	var empty httpapi.ArtifactList
+	var empty wire.ArtifactList
 	h.public(t, "GET", "/v1/runs/"+other+"/artifacts", "").decode(t, &empty)
 	if empty.Artifacts == nil || len(empty.Artifacts) != 0 {
 		t.Errorf("run without artifacts lists %+v, want []", empty.Artifacts)
@@ -538,9 +539,9 @@ func TestInternalErrorsAreOpaqueAndLogged(t *testing.T) {
 	if a.status != 500 {
 		t.Fatalf("%d %s, want 500", a.status, a.body)
 	}
-	var e httpapi.ErrorBody
+	var e wire.ErrorBody
 	a.decode(t, &e)
-	if e.Error.Code != belay.CodeInternal || e.Error.Message != "internal error" || e.Error.RequestID != a.header.Get(httpapi.RequestIDHeader) {
+	if e.Error.Code != belay.CodeInternal || e.Error.Message != "internal error" || e.Error.RequestID != a.header.Get(wire.RequestIDHeader) {
 		t.Errorf("error body %+v", e)
 	}
 	var logged bool
@@ -592,7 +593,7 @@ func TestStrictBodyErrors(t *testing.T) {
 		{`{"` + long + `":1}`, `unknown field "nnnn`},
 	} {
 		a := h.public(t, "POST", "/v1/runs/"+id+"/cancel", tc.body)
-		var e httpapi.ErrorBody
+		var e wire.ErrorBody
 		a.decode(t, &e)
 		if a.status != 400 || e.Error.Code != belay.CodeInvalid || !strings.Contains(e.Error.Message, tc.want) {
 			t.Errorf("cancel with %s: %d %s, want 400 invalid naming %q", clipBody([]byte(tc.body)), a.status, clipBody(a.body), tc.want)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/token"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // sandboxBatchPrefix namespaces the sandbox's batch ids in the store, apart
@@ -25,23 +26,23 @@ func (s *Server) handleAppendEvents(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	body, err := readBody(w, r, MaxBatchBytes)
+	body, err := readBody(w, r, wire.MaxBatchBytes)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	var batch EventBatch
+	var batch wire.EventBatch
 	if err := decodeStrict(body, &batch); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if batch.BatchID == "" || len(batch.BatchID) > MaxBatchIDLen || !isPrintableASCII(batch.BatchID) {
+	if batch.BatchID == "" || len(batch.BatchID) > wire.MaxBatchIDLen || !isPrintableASCII(batch.BatchID) {
 		s.writeError(w, r, belay.FieldErrorf(belay.CodeInvalid, "batchId",
-			"must be 1 to %d printable ASCII characters", MaxBatchIDLen))
+			"must be 1 to %d printable ASCII characters", wire.MaxBatchIDLen))
 		return
 	}
-	if len(batch.Events) == 0 || len(batch.Events) > MaxBatchEvents {
-		s.writeError(w, r, belay.FieldErrorf(belay.CodeInvalid, "events", "must hold 1 to %d events", MaxBatchEvents))
+	if len(batch.Events) == 0 || len(batch.Events) > wire.MaxBatchEvents {
+		s.writeError(w, r, belay.FieldErrorf(belay.CodeInvalid, "events", "must hold 1 to %d events", wire.MaxBatchEvents))
 		return
 	}
 	now := s.now()
@@ -70,7 +71,7 @@ func (s *Server) handleAppendEvents(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.writeJSON(w, http.StatusOK, EventBatchResponse{Events: nonNil(stored)})
+	s.writeJSON(w, http.StatusOK, wire.EventBatchResponse{Events: wire.NonNil(stored)})
 }
 
 func fieldIndex(list string, i int, field string) string {

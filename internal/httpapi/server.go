@@ -17,6 +17,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/token"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // Defaults of the Config fields that may be left zero.
@@ -259,7 +260,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, mux *http.ServeMu
 	st := &requestState{id: s.newID("req_")}
 	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 	h := w.Header()
-	h.Set(RequestIDHeader, st.id)
+	h.Set(wire.RequestIDHeader, st.id)
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // NewAPIClient returns the HTTP client for the control plane's internal
@@ -135,7 +135,7 @@ func (r apiRoute) do(ctx context.Context, method, u string, body, out any) error
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		ae := &APIError{Status: resp.StatusCode}
-		var eb httpapi.ErrorBody
+		var eb wire.ErrorBody
 		if json.Unmarshal(data, &eb) == nil {
 			ae.Code, ae.Message, ae.RequestID = eb.Error.Code, truncate(eb.Error.Message, 500), eb.Error.RequestID
 		}

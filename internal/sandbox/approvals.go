@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // ApprovalsConfig configures an ApprovalClient.
@@ -73,7 +73,7 @@ func (c *ApprovalClient) Approve(ctx context.Context, tool string, args any) (be
 	if err != nil {
 		return belay.Approval{}, fmt.Errorf("request approval of %s: encode arguments: %w", tool, err)
 	}
-	if len(raw) > httpapi.MaxApprovalBody-256 {
+	if len(raw) > wire.MaxApprovalBody-256 {
 		return belay.Approval{}, fmt.Errorf("request approval of %s: arguments are %d bytes, too large to ask about", tool, len(raw))
 	}
 	give := c.cfg.Now().Add(c.cfg.Timeout + c.cfg.Grace)
@@ -82,7 +82,7 @@ func (c *ApprovalClient) Approve(ctx context.Context, tool string, args any) (be
 	// The request is not retried: the route has no idempotency key, and a
 	// second request would ask the person twice.
 	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = c.route.do(rctx, http.MethodPost, u, httpapi.ApprovalRequest{Tool: tool, Arguments: raw}, &ap)
+	err = c.route.do(rctx, http.MethodPost, u, wire.ApprovalRequest{Tool: tool, Arguments: raw}, &ap)
 	cancel()
 	if err != nil {
 		return belay.Approval{}, fmt.Errorf("request approval of %s: %w", tool, err)

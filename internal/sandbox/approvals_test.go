@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/sandbox"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // scriptedModelScript is a short session that fixes calc.py.
@@ -47,7 +47,7 @@ func decideWhenAsked(t *testing.T, cp *controlPlane, runID string, d belay.Decis
 			case <-time.After(20 * time.Millisecond):
 			}
 			// Not the test's goroutine: errors are reported, never Fatal.
-			var list httpapi.ApprovalList
+			var list wire.ApprovalList
 			if err := cp.publicDo("GET", "/v1/runs/"+runID+"/approvals", nil, 200, &list); err != nil {
 				t.Errorf("list approvals: %v", err)
 				return
@@ -55,7 +55,7 @@ func decideWhenAsked(t *testing.T, cp *controlPlane, runID string, d belay.Decis
 			for _, a := range list.Approvals {
 				if a.Status == belay.ApprovalPending {
 					if err := cp.publicDo("POST", "/v1/runs/"+runID+"/approvals/"+a.ID,
-						httpapi.DecisionRequest{Decision: d, Reason: "looked fine"}, 200, nil); err != nil {
+						wire.DecisionRequest{Decision: d, Reason: "looked fine"}, 200, nil); err != nil {
 						t.Errorf("decide approval %s: %v", a.ID, err)
 						return
 					}

@@ -23,6 +23,7 @@ import (
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/sqlite"
 	"github.com/belay-dev/belay/internal/token"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 const testModel = "scripted-model-1"
@@ -160,7 +161,7 @@ func (cp *controlPlane) setFront(f func(w http.ResponseWriter, r *http.Request, 
 func (cp *controlPlane) startRun(tb testing.TB, req map[string]any) (string, token.Set) {
 	tb.Helper()
 	ctx := context.Background()
-	var created httpapi.CreateRunResponse
+	var created wire.CreateRunResponse
 	cp.publicCall(tb, http.MethodPost, "/v1/runs", req, http.StatusAccepted, &created)
 	run, err := cp.store.GetRun(ctx, created.RunID)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // EventsConfig configures an EventClient.
@@ -130,7 +130,7 @@ func NewEventClient(cfg EventsConfig) (*EventClient, error) {
 
 // envelopeBytes is what a batch's JSON adds around its events, with room for
 // the longest batch id.
-const envelopeBytes = 64 + httpapi.MaxBatchIDLen
+const envelopeBytes = 64 + wire.MaxBatchIDLen
 
 // Emit queues one event. The data is encoded now, so later changes to it do
 // not leak into the event. Types the sandbox may not send (see
@@ -157,7 +157,7 @@ func (c *EventClient) Emit(typ string, data any) {
 	}
 	in := belay.EventInput{Time: c.cfg.Now().UTC(), Type: typ, Data: raw}
 	enc, _ := json.Marshal(in)
-	if len(enc)+envelopeBytes > httpapi.MaxBatchBytes {
+	if len(enc)+envelopeBytes > wire.MaxBatchBytes {
 		in.Data, _ = json.Marshal(map[string]any{"truncated": true, "dataBytes": len(raw)})
 		enc, _ = json.Marshal(in)
 	}
@@ -179,14 +179,14 @@ func (c *EventClient) Emit(typ string, data any) {
 }
 
 func (c *EventClient) batchReadyLocked() bool {
-	if len(c.queue) >= httpapi.MaxBatchEvents {
+	if len(c.queue) >= wire.MaxBatchEvents {
 		return true
 	}
 	n := envelopeBytes
 	for _, e := range c.queue {
 		n += e.size
 	}
-	return n >= httpapi.MaxBatchBytes/2
+	return n >= wire.MaxBatchBytes/2
 }
 
 func (c *EventClient) signal() {
@@ -292,7 +292,7 @@ func (c *EventClient) take() ([]belay.EventInput, bool) {
 		return nil, true
 	}
 	n, size := 0, envelopeBytes
-	for n < len(c.queue) && n < httpapi.MaxBatchEvents && size+c.queue[n].size <= httpapi.MaxBatchBytes {
+	for n < len(c.queue) && n < wire.MaxBatchEvents && size+c.queue[n].size <= wire.MaxBatchBytes {
 		size += c.queue[n].size
 		n++
 	}
@@ -308,7 +308,7 @@ func (c *EventClient) take() ([]belay.EventInput, bool) {
 // the client must stop (the run is over, or Close gave up).
 func (c *EventClient) send(events []belay.EventInput) bool {
 	c.batchN++
-	body := httpapi.EventBatch{BatchID: fmt.Sprintf("%s-%d", c.prefix, c.batchN), Events: events}
+	body := wire.EventBatch{BatchID: fmt.Sprintf("%s-%d", c.prefix, c.batchN), Events: events}
 	u := c.route.url("internal", "v1", "runs", c.cfg.RunID, "events")
 	wait := c.cfg.Backoff
 	var err error

@@ -14,28 +14,28 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/sandbox"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // batchLog records the event batches that reach the control plane.
 type batchLog struct {
 	mu      sync.Mutex
-	batches []httpapi.EventBatch
+	batches []wire.EventBatch
 	bytes   []int
 }
 
-func (l *batchLog) add(b httpapi.EventBatch, n int) {
+func (l *batchLog) add(b wire.EventBatch, n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.batches = append(l.batches, b)
 	l.bytes = append(l.bytes, n)
 }
 
-func (l *batchLog) all() ([]httpapi.EventBatch, []int) {
+func (l *batchLog) all() ([]wire.EventBatch, []int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]httpapi.EventBatch(nil), l.batches...), append([]int(nil), l.bytes...)
+	return append([]wire.EventBatch(nil), l.batches...), append([]int(nil), l.bytes...)
 }
 
 // recordBatches makes the control plane record each event batch it gets,
@@ -50,7 +50,7 @@ func recordBatches(cp *controlPlane, fail int) *batchLog {
 			return
 		}
 		body, _ := io.ReadAll(r.Body)
-		var b httpapi.EventBatch
+		var b wire.EventBatch
 		_ = json.Unmarshal(body, &b)
 		l.add(b, len(body))
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -130,8 +130,8 @@ func TestEventClientDeliversEveryEventInOrderInBoundedBatches(t *testing.T) {
 	}
 	ids := map[string]bool{}
 	for i, b := range bs {
-		if len(b.Events) > httpapi.MaxBatchEvents || sizes[i] > httpapi.MaxBatchBytes {
-			t.Errorf("batch %d: %d events, %d bytes; caps are %d and %d", i, len(b.Events), sizes[i], httpapi.MaxBatchEvents, httpapi.MaxBatchBytes)
+		if len(b.Events) > wire.MaxBatchEvents || sizes[i] > wire.MaxBatchBytes {
+			t.Errorf("batch %d: %d events, %d bytes; caps are %d and %d", i, len(b.Events), sizes[i], wire.MaxBatchEvents, wire.MaxBatchBytes)
 		}
 		if ids[b.BatchID] {
 			t.Errorf("batch id %q used twice without a failure", b.BatchID)

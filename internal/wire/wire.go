@@ -1,15 +1,16 @@
-package httpapi
+// Package wire holds the JSON shapes of belay's HTTP API and the constants
+// both sides of it share: the control plane (internal/httpapi), its Go
+// client and the CLI, and the sandbox entry (internal/sandbox). It is a
+// package of its own so that the sandbox entry, and each Lambda function,
+// links only the types it speaks and not the server that answers them.
+package wire
 
 import (
 	"encoding/json"
-	"net/http"
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
 )
-
-// This file holds the JSON shapes of the API, shared by the server and the Go
-// client so the two cannot drift apart.
 
 // ErrorBody is every error answer: {"error":{"code","message","requestId"}}.
 type ErrorBody struct {
@@ -35,35 +36,6 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 
 // MaxIdempotencyKeyLen bounds the Idempotency-Key header, in bytes.
 const MaxIdempotencyKeyLen = 255
-
-// HTTPStatus maps an error code to its HTTP status: the one table the server
-// answers by. A code it does not know is an internal error.
-func HTTPStatus(code belay.Code) int {
-	switch code {
-	case belay.CodeInvalid:
-		return http.StatusBadRequest
-	case belay.CodeTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case belay.CodeUnauthorized, belay.CodeInactiveRunToken:
-		return http.StatusUnauthorized
-	case belay.CodeForbidden:
-		return http.StatusForbidden
-	case belay.CodeNotFound:
-		return http.StatusNotFound
-	case belay.CodeConflict:
-		return http.StatusConflict
-	case belay.CodeBudgetExhausted:
-		return http.StatusTooManyRequests
-	case belay.CodeEventsExpired:
-		return http.StatusGone
-	case belay.CodeUpstream:
-		return http.StatusBadGateway
-	case belay.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	default:
-		return http.StatusInternalServerError
-	}
-}
 
 // CreateRunResponse answers POST /v1/runs (202).
 type CreateRunResponse struct {
@@ -149,14 +121,14 @@ func ViewOf(r belay.Run) RunView {
 		Reason:          r.Reason,
 		ExitCode:        r.ExitCode,
 		Usage:           r.Usage,
-		Checks:          nonNil(r.Checks),
-		ChangedFiles:    nonNil(r.ChangedFiles),
-		Artifacts:       nonNil(r.Artifacts),
+		Checks:          NonNil(r.Checks),
+		ChangedFiles:    NonNil(r.ChangedFiles),
+		Artifacts:       NonNil(r.Artifacts),
 		LastSeq:         r.LastSeq,
 		Request: RunRequestSummary{
 			Files:           files,
-			AllowedPaths:    nonNil(r.Request.AllowedPaths),
-			Checks:          nonNil(r.Request.Checks),
+			AllowedPaths:    NonNil(r.Request.AllowedPaths),
+			Checks:          NonNil(r.Request.Checks),
 			MaxSteps:        r.Request.MaxSteps,
 			WallTimeSeconds: r.Request.WallTimeSeconds,
 			Approval:        r.Request.Approval,
@@ -165,9 +137,9 @@ func ViewOf(r belay.Run) RunView {
 	}
 }
 
-// nonNil turns a nil slice into an empty one so JSON says [] rather than
+// NonNil turns a nil slice into an empty one so JSON says [] rather than
 // null: clients iterate without a nil check.
-func nonNil[T any](s []T) []T {
+func NonNil[T any](s []T) []T {
 	if s == nil {
 		return []T{}
 	}
