@@ -73,9 +73,12 @@ type RunStore interface {
 // any number of concurrent calls against MaxRequests = n, exactly n succeed.
 type CapabilityStore interface {
 	// ActivateCapability stores c as the run's active capability (UsedRequests
-	// 0). Returns invalid for a capability CheckCapability refuses; conflict
-	// if the run already has a capability, active or revoked: a capability
-	// is never swapped mid-run or revived.
+	// 0). Returns invalid for a capability CheckCapability refuses;
+	// not_found, storing nothing, if the run does not exist (a capability
+	// never outlives or precedes its run, so nothing can spend one for a
+	// run id that names no run); conflict if the run already has a
+	// capability, active or revoked: a capability is never swapped mid-run
+	// or revived.
 	ActivateCapability(ctx context.Context, c Capability) error
 
 	// ConsumeModelRequest spends one request of the run's capability for the
