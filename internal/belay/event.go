@@ -23,7 +23,32 @@ const (
 	EventRunFailed         = "run.failed"
 	EventRunCancelled      = "run.cancelled"
 	EventAgentMessage      = "agent.message"
+	// EventSandboxLost: the sandbox of an attempt ended without a result
+	// (data: SandboxLostData). The control plane writes it.
+	EventSandboxLost = "sandbox.lost"
+	// EventRunResumed: a new sandbox continues the run from its latest
+	// checkpoint (data: RunResumedData). The control plane writes it.
+	EventRunResumed = "run.resumed"
 )
+
+// SandboxLostData is the data of a sandbox.lost event.
+type SandboxLostData struct {
+	Attempt  int    `json:"attempt"`
+	Reason   string `json:"reason"`
+	ExitCode *int   `json:"exitCode,omitempty"`
+	Signaled bool   `json:"signaled,omitempty"`
+	// Resumes says whether the run goes on with a new attempt.
+	Resumes bool `json:"resumes"`
+}
+
+// RunResumedData is the data of a run.resumed event: the new attempt, the
+// checkpoint it continues from (nil when the lost sandbox saved none: the
+// run starts over on its base), and how many more resumes the run has.
+type RunResumedData struct {
+	Attempt     int            `json:"attempt"`
+	Checkpoint  *CheckpointRef `json:"checkpoint"`
+	ResumesLeft int            `json:"resumesLeft"`
+}
 
 // SandboxEventTypes are the types a sandbox may append through the internal
 // events route. Everything else is written by the control plane itself, so a

@@ -83,6 +83,13 @@ type Run struct {
 	// appended to its log (see SandboxEventLimits).
 	SandboxEvents     int   `json:"sandboxEvents,omitempty"`
 	SandboxEventBytes int64 `json:"sandboxEventBytes,omitempty"`
+	// Checkpoint is the run's latest checkpoint; nil before its sandbox
+	// saved one (see CheckpointStore).
+	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
+	// LostAttempts are the attempts whose sandbox was lost, oldest first:
+	// Attempt-1 of them while the run resumed, one more when it then
+	// failed for want of a resume.
+	LostAttempts []LostAttempt `json:"lostAttempts,omitempty"`
 }
 
 // Usage counts what a run spent.

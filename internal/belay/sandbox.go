@@ -55,6 +55,11 @@ type SandboxSpec struct {
 	APIPeerSharesUID bool `json:"apiPeerSharesUid,omitempty"`
 	// Attempt is the run's attempt this sandbox runs (Run.Attempt).
 	Attempt int `json:"attempt"`
+	// Lost is, for an attempt after the first, how the sandbox of the
+	// attempt before ended: the entry then continues from the run's
+	// latest checkpoint, and tells the model that the tool call it had
+	// pending was interrupted, and why.
+	Lost *LostAttempt `json:"lost,omitempty"`
 
 	// Tokens are the run's three audience tokens, for a launcher that
 	// hands them over as files (file mode).
@@ -109,6 +114,10 @@ func SpecFor(runID string, req RunRequest) SandboxSpec {
 func SpecForRun(run Run) SandboxSpec {
 	spec := SpecFor(run.ID, run.Request)
 	spec.Attempt = run.Attempt
+	if n := len(run.LostAttempts); n > 0 && run.LostAttempts[n-1].Attempt == run.Attempt-1 {
+		lost := run.LostAttempts[n-1]
+		spec.Lost = &lost
+	}
 	return spec
 }
 

@@ -88,3 +88,11 @@ func (w *WatchedStore) DecideApproval(ctx context.Context, runID, id string, d D
 	w.signal(err)
 	return a, err
 }
+
+// ResumeRun wakes event readers after resuming (it appends sandbox.lost
+// and run.resumed).
+func (w *WatchedStore) ResumeRun(ctx context.Context, runID string, r Resume) (Run, error) {
+	run, err := w.Store.ResumeRun(ctx, runID, r)
+	w.signal(err)
+	return run, err
+}

@@ -307,6 +307,8 @@ func decodeMeta(it item) (*runMeta, error) {
 	d.json("checks", &m.run.Checks)
 	d.json("changedFiles", &m.run.ChangedFiles)
 	d.json("artifacts", &m.run.Artifacts)
+	d.json("checkpoint", &m.run.Checkpoint)
+	d.json("lostAttempts", &m.run.LostAttempts)
 	if d.err != nil {
 		return nil, fmt.Errorf("decode run %s: %w", m.run.ID, d.err)
 	}

@@ -16,7 +16,8 @@ import (
 // runColumns are the columns scanRun reads, in its order.
 const runColumns = `id, status, request, request_hash, created_at, updated_at, started_at, finished_at,
 	cancel_requested, reason, exit_code, model_requests, max_requests, prompt_tokens, completion_tokens,
-	checks, changed_files, artifacts, last_seq, attempt, sandbox_ref, sandbox_events, sandbox_event_bytes`
+	checks, changed_files, artifacts, last_seq, attempt, sandbox_ref, sandbox_events, sandbox_event_bytes,
+	checkpoint, lost_attempts`
 
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface{ Scan(dest ...any) error }
@@ -29,13 +30,15 @@ func scanRun(sc scanner) (belay.Run, error) {
 		created, updated, started, finished    sql.NullInt64
 		exitCode                               sql.NullInt64
 		checks, changedFiles, artifacts        sql.NullString
+		checkpoint, lostAttempts               sql.NullString
 		status                                 string
 		modelRequests, maxRequests             int
 		promptTokens, completionTokens, lastSq int64
 	)
 	if err := sc.Scan(&r.ID, &status, &request, &r.RequestHash, &created, &updated, &started, &finished,
 		&r.CancelRequested, &r.Reason, &exitCode, &modelRequests, &maxRequests, &promptTokens, &completionTokens,
-		&checks, &changedFiles, &artifacts, &lastSq, &r.Attempt, &r.SandboxRef, &r.SandboxEvents, &r.SandboxEventBytes); err != nil {
+		&checks, &changedFiles, &artifacts, &lastSq, &r.Attempt, &r.SandboxRef, &r.SandboxEvents, &r.SandboxEventBytes,
+		&checkpoint, &lostAttempts); err != nil {
 		return belay.Run{}, err
 	}
 	r.Status = belay.RunStatus(status)
@@ -53,7 +56,7 @@ func scanRun(sc scanner) (belay.Run, error) {
 	for _, f := range []struct {
 		col  sql.NullString
 		into any
-	}{{checks, &r.Checks}, {changedFiles, &r.ChangedFiles}, {artifacts, &r.Artifacts}} {
+	}{{checks, &r.Checks}, {changedFiles, &r.ChangedFiles}, {artifacts, &r.Artifacts}, {checkpoint, &r.Checkpoint}, {lostAttempts, &r.LostAttempts}} {
 		if f.col.Valid {
 			if err := json.Unmarshal([]byte(f.col.String), f.into); err != nil {
 				return belay.Run{}, fmt.Errorf("decode outcome of run %s: %w", r.ID, err)
@@ -102,6 +105,18 @@ func saveRun(ctx context.Context, tx *sql.Tx, r belay.Run) error {
 	if err != nil {
 		return err
 	}
+	lost, err := jsonColumn(r.LostAttempts)
+	if err != nil {
+		return err
+	}
+	var checkpoint sql.NullString
+	if r.Checkpoint != nil {
+		b, err := json.Marshal(r.Checkpoint)
+		if err != nil {
+			return err
+		}
+		checkpoint = sql.NullString{String: string(b), Valid: true}
+	}
 	var exitCode sql.NullInt64
 	if r.ExitCode != nil {
 		exitCode = sql.NullInt64{Int64: int64(*r.ExitCode), Valid: true}
@@ -110,11 +125,11 @@ func saveRun(ctx context.Context, tx *sql.Tx, r belay.Run) error {
 		status = ?, updated_at = ?, started_at = ?, finished_at = ?, cancel_requested = ?, reason = ?, exit_code = ?,
 		model_requests = ?, max_requests = ?, prompt_tokens = ?, completion_tokens = ?,
 		checks = ?, changed_files = ?, artifacts = ?, last_seq = ?, attempt = ?, sandbox_ref = ?,
-		sandbox_events = ?, sandbox_event_bytes = ?
+		sandbox_events = ?, sandbox_event_bytes = ?, checkpoint = ?, lost_attempts = ?
 		WHERE id = ?`,
 		string(r.Status), nanos(r.UpdatedAt), nanos(r.StartedAt), nanos(r.FinishedAt), r.CancelRequested, r.Reason, exitCode,
 		r.Usage.ModelRequests, r.Usage.MaxRequests, r.Usage.PromptTokens, r.Usage.CompletionTokens,
-		checks, changed, artifacts, r.LastSeq, r.Attempt, r.SandboxRef, r.SandboxEvents, r.SandboxEventBytes, r.ID)
+		checks, changed, artifacts, r.LastSeq, r.Attempt, r.SandboxRef, r.SandboxEvents, r.SandboxEventBytes, checkpoint, lost, r.ID)
 	if err != nil {
 		return fmt.Errorf("write run %s: %w", r.ID, err)
 	}

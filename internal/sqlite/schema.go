@@ -109,12 +109,18 @@ ALTER TABLE events ADD COLUMN source TEXT NOT NULL DEFAULT 'control';
 ALTER TABLE runs ADD COLUMN sandbox_events INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN sandbox_event_bytes INTEGER NOT NULL DEFAULT 0;
 `,
+	// 4: checkpoints and resume: the run's latest checkpoint and the
+	// attempts whose sandbox was lost (JSON).
+	`
+ALTER TABLE runs ADD COLUMN checkpoint TEXT;
+ALTER TABLE runs ADD COLUMN lost_attempts TEXT;
+`,
 }
 
 // SchemaVersion is the schema version this code writes: the number of
 // migrations. Open refuses a database with a newer one, written by a newer
 // belay, rather than misread it.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // migrate brings the database to SchemaVersion in one write transaction,
 // so a crash mid-migration leaves the old schema. It returns the version
