@@ -15,7 +15,9 @@
 //   - a put replaces the whole artifact atomically: a reader sees the old or
 //     the new content, never a mix;
 //   - GetArtifact of a missing artifact is not_found; ListArtifacts of a run
-//     with none is an empty list, not an error, sorted by name with sizes.
+//     with none is an empty list, not an error, sorted by name with sizes;
+//   - DeleteArtifact removes one artifact and nothing else, and succeeds for
+//     one that does not exist.
 //
 // The suite never sleeps and asserts only what a caller of the port would
 // notice.
@@ -45,6 +47,33 @@ func Run(t *testing.T, open func(tb testing.TB) belay.ArtifactStore) {
 	t.Run("isolation", func(t *testing.T) { testIsolation(t, open(t)) })
 	t.Run("concurrent_puts", func(t *testing.T) { testConcurrentPuts(t, open(t)) })
 	t.Run("concurrent_replace", func(t *testing.T) { testConcurrentReplace(t, open(t)) })
+	t.Run("delete", func(t *testing.T) { testDelete(t, open(t)) })
+}
+
+func testDelete(t *testing.T, s belay.ArtifactStore) {
+	const run = "run_delete"
+	MustPut(t, s, run, "checkpoint-1.json", binaryContent(300, 3))
+	MustPut(t, s, run, "checkpoint-2.json", binaryContent(200, 4))
+	MustPut(t, s, "run_delete_other", "checkpoint-1.json", []byte("other"))
+	if err := s.DeleteArtifact(t.Context(), run, "checkpoint-1.json"); err != nil {
+		t.Fatalf("DeleteArtifact: %v", err)
+	}
+	_, err := s.GetArtifact(t.Context(), run, "checkpoint-1.json")
+	wantCode(t, "GetArtifact after DeleteArtifact", err, belay.CodeNotFound)
+	wantList(t, s, run, []belay.ArtifactInfo{{Name: "checkpoint-2.json", Size: 200}})
+	if got := MustGet(t, s, "run_delete_other", "checkpoint-1.json"); string(got) != "other" {
+		t.Fatalf("another run's artifact of the same name reads %q after the delete", got)
+	}
+	for _, tt := range []struct{ run, name string }{{run, "checkpoint-1.json"}, {run, "never.json"}, {"run_never_seen", "x"}} {
+		if err := s.DeleteArtifact(t.Context(), tt.run, tt.name); err != nil {
+			t.Fatalf("DeleteArtifact(%q, %q) of nothing = %v, want success", tt.run, tt.name, err)
+		}
+	}
+	for _, bad := range []struct{ run, name string }{{run, "../x"}, {run, ""}, {"../", "x"}, {run, ".hidden"}} {
+		err := s.DeleteArtifact(t.Context(), bad.run, bad.name)
+		wantCode(t, fmt.Sprintf("DeleteArtifact(%q, %q)", bad.run, bad.name), err, belay.CodeInvalid)
+	}
+	wantList(t, s, run, []belay.ArtifactInfo{{Name: "checkpoint-2.json", Size: 200}})
 }
 
 // binaryContent returns n bytes cycling through every byte value, so NULs,

@@ -173,6 +173,11 @@ type ArtifactStore interface {
 	// ListArtifacts returns the run's artifacts sorted by name (empty when
 	// it has none).
 	ListArtifacts(ctx context.Context, runID string) ([]ArtifactInfo, error)
+
+	// DeleteArtifact removes the artifact (a checkpoint that a newer one
+	// replaced). It is idempotent: deleting what does not exist succeeds.
+	// Returns invalid for a bad run id or name.
+	DeleteArtifact(ctx context.Context, runID, name string) error
 }
 
 // MaxArtifactBytes caps one artifact.

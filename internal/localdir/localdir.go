@@ -229,3 +229,23 @@ func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]belay.Artifa
 	slices.SortFunc(list, func(a, b belay.ArtifactInfo) int { return strings.Compare(a.Name, b.Name) })
 	return list, nil
 }
+
+// DeleteArtifact removes <runId>/<name> and fsyncs the run's folder; an
+// artifact that does not exist is no error. Returns invalid for a bad run
+// id or name.
+func (s *Store) DeleteArtifact(ctx context.Context, runID, name string) error {
+	if err := belay.CheckArtifact(runID, name); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("localdir: delete artifact %s/%s: %w", runID, name, err)
+	}
+	err := s.root.Remove(runID + "/" + name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("localdir: delete artifact %s/%s: %w", runID, name, err)
+	}
+	return s.syncDir(runID)
+}

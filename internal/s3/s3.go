@@ -179,6 +179,22 @@ func (s *Store) ListArtifacts(ctx context.Context, runID string) ([]belay.Artifa
 	return list, nil
 }
 
+// DeleteArtifact removes the object; S3 answers a delete of a missing key
+// with success too. Returns invalid for a bad run id or name.
+func (s *Store) DeleteArtifact(ctx context.Context, runID, name string) error {
+	if err := belay.CheckArtifact(runID, name); err != nil {
+		return err
+	}
+	_, err := s.client.DeleteObject(ctx, &awss3.DeleteObjectInput{
+		Bucket: aws.String(s.bucket),
+		Key:    aws.String(s.Key(runID, name)),
+	})
+	if err != nil {
+		return fmt.Errorf("s3: delete artifact %s/%s: %w", runID, name, err)
+	}
+	return nil
+}
+
 // PresignPut returns a URL, valid for ttl, with which the sandbox uploads
 // one artifact by plain HTTP PUT, and the headers it must send with it
 // (they are signed). maxBytes (1 to belay.MaxArtifactBytes) is recorded in
