@@ -51,7 +51,7 @@ type CheckpointRef struct {
 }
 
 // Name is the artifact name the checkpoint is stored under.
-func (c CheckpointRef) Name() string { return CheckpointArtifactName(c.Seq) }
+func (c CheckpointRef) Name() string { return CheckpointArtifactName(c.Attempt, c.Seq) }
 
 // Resumable reports whether a run may resume from c.
 func (c CheckpointRef) Resumable() bool { return c.Unresumable == "" }
@@ -91,11 +91,14 @@ const (
 	checkpointSuffix = ".json"
 )
 
-// CheckpointArtifactName is the artifact name of checkpoint seq:
-// "checkpoint-<seq>.json". Like staged outputs, checkpoints are never
-// listed or served to callers (IsPublicArtifact is false for them).
-func CheckpointArtifactName(seq int64) string {
-	return checkpointPrefix + strconv.FormatInt(seq, 10) + checkpointSuffix
+// CheckpointArtifactName is the artifact name of checkpoint seq of an
+// attempt: "checkpoint-<attempt>-<seq>.json". The attempt is part of it so
+// that a sandbox of a lost attempt, were it still to upload, could never
+// overwrite a checkpoint of the attempt that replaced it. Like staged
+// outputs, checkpoints are never listed or served to callers
+// (IsPublicArtifact is false for them).
+func CheckpointArtifactName(attempt int, seq int64) string {
+	return checkpointPrefix + strconv.Itoa(attempt) + "-" + strconv.FormatInt(seq, 10) + checkpointSuffix
 }
 
 // IsCheckpointArtifact reports whether name is a checkpoint's artifact name.
@@ -108,8 +111,15 @@ func IsCheckpointArtifact(name string) bool {
 	if !ok {
 		return false
 	}
-	seq, err := strconv.ParseInt(n, 10, 64)
-	return err == nil && seq > 0 && strconv.FormatInt(seq, 10) == n
+	a, q, ok := strings.Cut(n, "-")
+	return ok && isPositiveDecimal(a) && isPositiveDecimal(q)
+}
+
+// isPositiveDecimal reports whether s is a decimal number above zero,
+// written without sign or leading zeros.
+func isPositiveDecimal(s string) bool {
+	n, err := strconv.ParseInt(s, 10, 64)
+	return err == nil && n > 0 && strconv.FormatInt(n, 10) == s
 }
 
 // LostAttempt is one attempt of a run whose sandbox was lost (killed, out

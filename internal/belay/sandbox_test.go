@@ -41,3 +41,22 @@ func TestSandboxTokensPrintRedacted(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckpointArtifactName(t *testing.T) {
+	if got := belay.CheckpointArtifactName(2, 17); got != "checkpoint-2-17.json" {
+		t.Fatalf("CheckpointArtifactName(2, 17) = %q", got)
+	}
+	for name, want := range map[string]bool{
+		"checkpoint-2-17.json": true, "checkpoint-1-1.json": true,
+		"checkpoint-0-1.json": false, "checkpoint-1-0.json": false, "checkpoint-01-1.json": false,
+		"checkpoint-1.json": false, "checkpoint-1-1.jso": false, "checkpoint--1-1.json": false,
+		"result.json": false, "sandbox-1-result.json": false,
+	} {
+		if got := belay.IsCheckpointArtifact(name); got != want {
+			t.Errorf("IsCheckpointArtifact(%q) = %v, want %v", name, got, want)
+		}
+		if belay.IsPublicArtifact(name) && want {
+			t.Errorf("checkpoint %q is a public artifact", name)
+		}
+	}
+}

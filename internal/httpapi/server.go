@@ -229,6 +229,8 @@ func New(cfg Config) (*Server, error) {
 		mux.HandleFunc("POST /internal/v1/runs/{id}/approvals", s.handleRequestApproval)
 		mux.HandleFunc("GET /internal/v1/runs/{id}/approvals/{approvalId}", s.handleGetApprovalInternal)
 		mux.HandleFunc("PUT /internal/v1/runs/{id}/outputs/{name}", s.handlePutOutput)
+		mux.HandleFunc("PUT /internal/v1/runs/{id}/checkpoints/{seq}", s.handlePutCheckpoint)
+		mux.HandleFunc("GET /internal/v1/runs/{id}/checkpoints/latest", s.handleGetLatestCheckpoint)
 		mux.HandleFunc("POST /internal/v1/claim", s.handleClaim)
 		mux.HandleFunc("/", s.handleNoRoute)
 	}
@@ -250,7 +252,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // InternalHandler serves only the internal routes (model proxy, event
-// append, approvals, outputs, the claim exchange): what the local launcher
+// append, approvals, outputs, checkpoints, the claim exchange): what the local launcher
 // exposes on the sandbox's Unix socket, so a sandbox can never reach the
 // public API.
 func (s *Server) InternalHandler() http.Handler {

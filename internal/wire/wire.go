@@ -93,8 +93,37 @@ type RunView struct {
 	ChangedFiles    []string            `json:"changedFiles"`
 	Artifacts       []string            `json:"artifacts"`
 	LastSeq         int64               `json:"lastSeq"`
-	Request         RunRequestSummary   `json:"request"`
-	Links           RunLinks            `json:"links"`
+	// Attempt is the run's current (or last) attempt: 1, and one more for
+	// each resume on a new sandbox. Attempts lists them, oldest first.
+	Attempt  int           `json:"attempt"`
+	Attempts []AttemptView `json:"attempts"`
+	// Checkpoint is the latest checkpoint its sandbox saved, if any.
+	Checkpoint *belay.CheckpointRef `json:"checkpoint,omitempty"`
+	Request    RunRequestSummary    `json:"request"`
+	Links      RunLinks             `json:"links"`
+}
+
+// AttemptView is one attempt of a run: one sandbox. Lost says how its
+// sandbox was lost (the run then resumed on a new one, or failed); EndedAt
+// is unset while it runs.
+type AttemptView struct {
+	Attempt   int       `json:"attempt"`
+	StartedAt time.Time `json:"startedAt,omitzero"`
+	EndedAt   time.Time `json:"endedAt,omitzero"`
+	Lost      string    `json:"lost,omitempty"`
+}
+
+// AttemptsOf lists r's attempts: each lost one, then the current one (when
+// the run has started and its last attempt was not lost).
+func AttemptsOf(r belay.Run) []AttemptView {
+	out := make([]AttemptView, 0, len(r.LostAttempts)+1)
+	for _, l := range r.LostAttempts {
+		out = append(out, AttemptView{Attempt: l.Attempt, StartedAt: l.StartedAt, EndedAt: l.LostAt, Lost: l.Reason})
+	}
+	if r.Attempt > 0 && (len(r.LostAttempts) == 0 || r.LostAttempts[len(r.LostAttempts)-1].Attempt < r.Attempt) {
+		out = append(out, AttemptView{Attempt: r.Attempt, StartedAt: r.AttemptStartedAt(), EndedAt: r.FinishedAt})
+	}
+	return out
 }
 
 // RunRequestSummary is what a run was asked to do, without file contents:
@@ -130,6 +159,9 @@ func ViewOf(r belay.Run) RunView {
 		ChangedFiles:    NonNil(r.ChangedFiles),
 		Artifacts:       NonNil(r.Artifacts),
 		LastSeq:         r.LastSeq,
+		Attempt:         r.Attempt,
+		Attempts:        AttemptsOf(r),
+		Checkpoint:      r.Checkpoint,
 		Request: RunRequestSummary{
 			Files:           files,
 			AllowedPaths:    NonNil(r.Request.AllowedPaths),
