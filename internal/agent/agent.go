@@ -24,6 +24,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -80,7 +81,23 @@ type Config struct {
 	Events     EventSink
 	Transcript io.Writer
 	Logger     *slog.Logger
+
+	// Resume, when set, is a checkpoint's state to continue from (see
+	// State): the loop restores the conversation, its steps and usage,
+	// answers the tool call that was running with an Interrupted result
+	// (InterruptedReason says why; it is never run again) and the calls
+	// after it as not run, and goes on from there. Instruction and
+	// MaxSteps still apply; the restored system prompt is kept.
+	Resume            *State
+	InterruptedReason string
+	// Checkpoint, when set, receives the loop's state at each checkpoint
+	// (see CheckpointFunc).
+	Checkpoint CheckpointFunc
 }
+
+// DefaultInterruptedReason is the reason an interrupted call's result
+// gives when Config.InterruptedReason is empty.
+const DefaultInterruptedReason = "the sandbox running this call was lost and the run resumed on a new one; the call was not run again"
 
 // Outcome is how the loop ended. Reason is one of the Reason constants.
 // Finished reports that the model said it was done: it called finish, or,
@@ -147,7 +164,18 @@ func Run(ctx context.Context, cfg Config) (Outcome, error) {
 		return Outcome{}, err
 	}
 	l := newLoop(cfg)
-	out := l.run(ctx)
+	var out Outcome
+	if ended := l.resumed; ended != nil {
+		out = *ended
+	} else {
+		out = l.run(ctx)
+		if out.Reason != ReasonCancelled && out.Reason != ReasonRunInactive {
+			// The loop ended for a reason of its own: a sandbox lost
+			// after this (in the final checks) resumes straight to them.
+			// A loop stopped from outside is resumed from its last call.
+			l.checkpoint(ctx, nil, &out)
+		}
+	}
 	l.tr.write(line{Role: "outcome", Outcome: &out})
 	l.log.Info("agent loop ended", "reason", out.Reason, "finished", out.Finished, "steps", out.Steps,
 		"model_requests", out.Usage.ModelRequests, "prompt_tokens", out.Usage.PromptTokens,
@@ -168,6 +196,11 @@ func (c Config) check() error {
 	case c.Tools == nil:
 		return belay.FieldErrorf(belay.CodeInvalid, "Tools", "required")
 	}
+	if c.Resume != nil {
+		if err := CheckResume(*c.Resume); err != nil {
+			return fmt.Errorf("%w: %w", errNoResume, err)
+		}
+	}
 	u, err := url.Parse(c.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return belay.FieldErrorf(belay.CodeInvalid, "BaseURL", "must be an http(s) URL")
@@ -184,8 +217,13 @@ type loop struct {
 	tr       *transcript
 	redact   func(string) string
 	tools    []openai.ChatCompletionToolUnionParam
-	messages []openai.ChatCompletionMessageParamUnion
-	out      Outcome
+	// conv is the conversation, the one record of it: each model call
+	// sends it (params) and each checkpoint keeps it (state).
+	conv   []Message
+	nudged bool
+	out    Outcome
+	// resumed is the outcome a resumed state had already ended with.
+	resumed *Outcome
 }
 
 func newLoop(cfg Config) *loop {
@@ -225,18 +263,22 @@ func newLoop(cfg Config) *loop {
 	for _, d := range defs {
 		l.tools = append(l.tools, toolParam(d))
 	}
-	system := systemPrompt(defs, cfg.MaxSteps)
-	l.messages = []openai.ChatCompletionMessageParamUnion{
-		openai.SystemMessage(system),
-		openai.UserMessage(cfg.Instruction),
+	if cfg.Resume != nil {
+		reason := cfg.InterruptedReason
+		if reason == "" {
+			reason = DefaultInterruptedReason
+		}
+		l.resumed = l.resume(*cfg.Resume, reason)
+		return l
 	}
+	system := systemPrompt(defs, cfg.MaxSteps)
+	l.conv = []Message{{Role: "system", Content: system}, {Role: "user", Content: cfg.Instruction}}
 	l.tr.write(line{Role: "system", Content: system})
 	l.tr.write(line{Role: "user", Content: cfg.Instruction})
 	return l
 }
 
 func (l *loop) run(ctx context.Context) Outcome {
-	nudged := false
 	for l.out.Steps < l.cfg.MaxSteps {
 		if ctx.Err() != nil {
 			return l.end(ReasonCancelled)
@@ -253,15 +295,15 @@ func (l *loop) run(ctx context.Context) Outcome {
 			return l.fail(ctx, step, errors.New("the model's answer has no choices"))
 		}
 		msg := resp.Choices[0].Message
-		l.messages = append(l.messages, msg.ToParam())
+		l.conv = append(l.conv, assistantMessage(msg))
 		l.recordAssistant(step, msg, resp.Usage)
 		l.log.Info("model answered", "step", step, "tool_calls", len(msg.ToolCalls),
 			"finish_reason", resp.Choices[0].FinishReason)
 
 		if len(msg.ToolCalls) == 0 {
-			if !nudged {
-				nudged = true
-				l.messages = append(l.messages, openai.UserMessage(nudge))
+			if !l.nudged {
+				l.nudged = true
+				l.conv = append(l.conv, Message{Role: "user", Content: nudge})
 				l.tr.write(line{Role: "user", Step: step, Content: nudge})
 				continue
 			}
@@ -294,7 +336,7 @@ func (l *loop) run(ctx context.Context) Outcome {
 func (l *loop) complete(ctx context.Context) (*openai.ChatCompletion, error) {
 	params := openai.ChatCompletionNewParams{
 		Model:    openai.ChatModel(l.cfg.Model),
-		Messages: l.messages,
+		Messages: l.params(),
 		Tools:    l.tools,
 	}
 	for attempt := 1; ; attempt++ {
@@ -392,6 +434,10 @@ func (l *loop) toolCall(ctx context.Context, step int, tc openai.ChatCompletionM
 		result = "finished"
 		finished = true
 	default:
+		// The call is saved as pending before it runs: if the sandbox
+		// is lost while it runs, the next one answers it as interrupted
+		// rather than run it again.
+		l.checkpoint(ctx, &PendingCall{ID: tc.ID, Name: shortID(name), Step: step, Since: time.Now().UTC()}, nil)
 		result, isError = l.callTool(ctx, name, rawArgs)
 	}
 	result = l.redact(result)
@@ -402,12 +448,17 @@ func (l *loop) toolCall(ctx context.Context, step int, tc openai.ChatCompletionM
 	if isError {
 		content = "error: " + result
 	}
-	l.messages = append(l.messages, openai.ToolMessage(content, tc.ID))
+	l.conv = append(l.conv, Message{Role: "tool", Content: content, ToolCallID: tc.ID})
 	l.tr.write(line{Role: "tool", Step: step, ToolCallID: tc.ID, Name: l.redact(name), IsError: isError, Content: result})
 	short, cut := truncate(result, MaxEventTextBytes)
 	l.events.Emit(belay.EventToolResult, resultEvent{Step: step, CallID: shortID(tc.ID), Name: shortID(l.redact(name)),
 		IsError: isError, Result: short, ResultBytes: total, ResultTruncated: cut})
 	l.log.Info("tool call", "step", step, "tool", shortID(name), "is_error", isError, "result_bytes", total)
+	if !finished && ctx.Err() == nil {
+		// A call cut short because the loop is being stopped keeps its
+		// pending checkpoint: a resume answers it as interrupted.
+		l.checkpoint(ctx, nil, nil)
+	}
 	return finished
 }
 

@@ -118,6 +118,7 @@ type (
 		CallID          string `json:"callId"`
 		Name            string `json:"name"`
 		IsError         bool   `json:"isError"`
+		Interrupted     bool   `json:"interrupted,omitempty"`
 		Result          string `json:"result"`
 		ResultBytes     int    `json:"resultBytes"`
 		ResultTruncated bool   `json:"resultTruncated,omitempty"`
