@@ -177,6 +177,13 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 		return err
 	}
 	log.Info("repository built", "base_commit", base.Commit, "files", len(spec.Files))
+	client := se.api
+	// A resumed attempt continues from the run's latest checkpoint: the
+	// workspace as it saved it, on the base, and the conversation.
+	resume, nextSeq, err := e.restore(ctx, log, se, git)
+	if err != nil {
+		return err
+	}
 	// What the workspace holds before the agent runs: whatever else is
 	// there afterwards is removed before the final checks.
 	layout, err := workspaceNames(string(ws))
@@ -188,7 +195,6 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 			"folders", dirs)
 	}
 
-	client := se.api
 	events, err := NewEventClient(EventsConfig{
 		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Token: tokens.Events,
 		Now: e.now, Rand: e.rand, Logger: log,
@@ -223,7 +229,16 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 		return err
 	}
 	defer tools.Close()
-	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base.Commit, "files": len(spec.Files)})
+	ready := map[string]any{"baseCommit": base.Commit, "files": len(spec.Files), "attempt": spec.Attempt}
+	if resume != nil {
+		ready["resumedFromCheckpoint"] = nextSeq - 1
+	}
+	events.Emit(belay.EventSandboxReady, ready)
+	checkpoints := NewCheckpointer(CheckpointerConfig{
+		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Attempt: spec.Attempt, Token: tokens.Events,
+		RepoDir: git.Dir, Base: spec.Files, NextSeq: nextSeq, Logger: log,
+	})
+	defer checkpoints.Close()
 
 	agentCtx, cancelAgent := context.WithDeadline(ctx, agentDeadline)
 	defer cancelAgent()
@@ -251,8 +266,16 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 		Events:      events,
 		Transcript:  transcript,
 		Logger:      log,
+
+		Resume:            resume,
+		InterruptedReason: interruptedReason(spec.Lost, spec.Attempt),
+		Checkpoint:        checkpoints.Save,
 	})
 	cancelAgent()
+	checkpoints.Close()
+	if n, size, took := checkpoints.Stats(); n > 0 {
+		log.Info("checkpoints saved", "checkpoints", n, "bytes", size, "took_ms", took.Milliseconds())
+	}
 	reason := agentReason(outcome, agentErr, runOver.Load(), ctx.Err() != nil,
 		errors.Is(agentCtx.Err(), context.DeadlineExceeded))
 	if agentErr != nil {
@@ -508,4 +531,40 @@ func resetWorkspace(ws string, layout map[string]bool, home string) error {
 		return fmt.Errorf("workspace: empty home: %w", err)
 	}
 	return nil
+}
+
+// restore reads the run's latest checkpoint for an attempt after the first
+// and applies its workspace change to the freshly built repository. It
+// returns the agent state to resume from (nil to start over: the first
+// attempt, or a run whose lost sandbox saved no checkpoint) and the
+// sequence number the attempt's own checkpoints start at.
+func (e *entry) restore(ctx context.Context, log *slog.Logger, se session, git Git) (*agent.State, int64, error) {
+	spec := se.spec
+	if spec.Attempt <= 1 {
+		return nil, 1, nil
+	}
+	cp, err := FetchCheckpoint(ctx, se.api, spec.APIBaseURL, spec.RunID, se.tokens.Events)
+	switch {
+	case errors.Is(err, errNoCheckpoint):
+		log.Info("resumed without a checkpoint: the run starts over on its base", "attempt", spec.Attempt)
+		return nil, 1, nil
+	case err != nil:
+		return nil, 0, err
+	case cp.Unresumable != "":
+		return nil, 0, fmt.Errorf("the latest checkpoint cannot be resumed from: %s", truncate(cp.Unresumable, 300))
+	}
+	st, err := agent.DecodeState(cp.Agent)
+	if err != nil {
+		return nil, 0, fmt.Errorf("checkpoint %d: %w", cp.Seq, err)
+	}
+	if err := ApplyWorkspaceChange(git.Dir, cp.Workspace); err != nil {
+		return nil, 0, fmt.Errorf("checkpoint %d: %w", cp.Seq, err)
+	}
+	pending := ""
+	if st.Pending != nil {
+		pending = st.Pending.Name
+	}
+	log.Info("resumed from a checkpoint", "attempt", spec.Attempt, "seq", cp.Seq, "step", cp.Step,
+		"pending", pending, "files", len(cp.Workspace.Files))
+	return &st, cp.Seq + 1, nil
 }

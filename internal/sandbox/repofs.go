@@ -194,3 +194,47 @@ func (r *repoFS) lstat(rel string) (fs.FileMode, error) {
 	}
 	return fs.ModeIrregular, nil
 }
+
+// remove removes the file (or empty folder) at rel without following a
+// symbolic link on its path; one that does not exist is no error.
+func (r *repoFS) remove(rel string) error {
+	dfd, base, err := r.openDir(rel, false)
+	if err != nil {
+		var pe *pathError
+		if errors.As(err, &pe) && pe.msg == "no such file or directory" {
+			return nil
+		}
+		return err
+	}
+	defer unix.Close(dfd)
+	err = unix.Unlinkat(dfd, base, 0)
+	if errors.Is(err, unix.EISDIR) {
+		err = unix.Unlinkat(dfd, base, unix.AT_REMOVEDIR)
+	}
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return componentError(rel, rel, err, false)
+	}
+	return nil
+}
+
+// writeFileMode is writeFile, then the file's permission bits set to perm
+// on the same descriptor walk (a restored executable file).
+func (r *repoFS) writeFileMode(rel string, data []byte, perm os.FileMode) error {
+	if err := r.writeFile(rel, data); err != nil {
+		return err
+	}
+	dfd, base, err := r.openDir(rel, false)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return componentError(rel, rel, err, false)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fchmod(fd, uint32(perm.Perm())); err != nil {
+		return fmt.Errorf("%q: chmod: %w", rel, err)
+	}
+	return nil
+}
