@@ -210,13 +210,13 @@ func (c Config) check() error {
 
 // loop is one run's state: the conversation so far and what it spent.
 type loop struct {
-	cfg      Config
-	client   openai.ChatCompletionService
-	log      *slog.Logger
-	events   EventSink
-	tr       *transcript
-	redact   func(string) string
-	tools    []openai.ChatCompletionToolUnionParam
+	cfg    Config
+	client openai.ChatCompletionService
+	log    *slog.Logger
+	events EventSink
+	tr     *transcript
+	redact func(string) string
+	tools  []openai.ChatCompletionToolUnionParam
 	// conv is the conversation, the one record of it: each model call
 	// sends it (params) and each checkpoint keeps it (state).
 	conv   []Message

@@ -19,9 +19,9 @@ import (
 // its outcome. A loop started with a State (Config.Resume) continues from
 // it.
 type State struct {
-	Messages []Message        `json:"messages"`
-	Steps    int              `json:"steps"`
-	Nudged   bool             `json:"nudged,omitempty"`
+	Messages []Message         `json:"messages"`
+	Steps    int               `json:"steps"`
+	Nudged   bool              `json:"nudged,omitempty"`
 	Usage    belay.BundleUsage `json:"usage"`
 	// Pending is the tool call that had started and not yet answered.
 	Pending *PendingCall `json:"pending,omitempty"`
