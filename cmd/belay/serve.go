@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
 
+	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/embedded"
 )
 
@@ -15,8 +17,11 @@ const serveDoc = `Runs the embedded control plane: the public API and the model 
 one address, runs in SQLite under the data directory, each run's sandbox as
 a local hardened subprocess. Flags override the BELAY_* variables named in
 their help. SIGINT or SIGTERM shuts down gracefully: in-flight requests
-finish, running sandboxes are stopped and their runs recorded as failed,
-queued runs start again on the next start.
+finish, running sandboxes are stopped, and their runs resume on new
+sandboxes from their latest checkpoints at the next start (with
+--max-resumes 0 they are recorded as failed instead); queued runs start
+again on the next start. A run whose sandbox dies (killed, out of memory)
+resumes the same way, at most --max-resumes times.
 
 With --store dynamodb --table T, runs live in a DynamoDB table instead, and
 with --bucket B artifacts live in an S3 bucket: the AWS deployment's own
@@ -64,6 +69,15 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		"most events a run's sandbox may append (BELAY_SANDBOX_EVENTS; default 1000)")
 	fs.Int64Var(&cfg.SandboxEventLimits.MaxBytes, "sandbox-event-bytes", cfg.SandboxEventLimits.MaxBytes,
 		"most `bytes` of events a run's sandbox may append (BELAY_SANDBOX_EVENT_BYTES; default 4194304)")
+	fs.Func("max-resumes", fmt.Sprintf("most times a run whose sandbox was lost resumes on a new one, 0 to %d; 0 turns resumes off (BELAY_MAX_RESUMES; default %d)",
+		embedded.MaxMaxResumes, belay.DefaultMaxResumes), func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > embedded.MaxMaxResumes {
+			return fmt.Errorf("must be a whole number from 0 to %d", embedded.MaxMaxResumes)
+		}
+		cfg.MaxResumes = &n
+		return nil
+	})
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", embedded.DefaultShutdownTimeout,
 		"bound on each stage of a graceful shutdown")
 	if _, err := parseExact(fs, args); err != nil {

@@ -30,6 +30,9 @@ const (
 	// may append to its log (belay.SandboxEventLimits).
 	EnvSandboxEvents     = "BELAY_SANDBOX_EVENTS"
 	EnvSandboxEventBytes = "BELAY_SANDBOX_EVENT_BYTES"
+	// EnvMaxResumes is how many times a run whose sandbox was lost (or
+	// that a restart interrupted) resumes on a new sandbox, at most.
+	EnvMaxResumes = "BELAY_MAX_RESUMES"
 )
 
 // Defaults of Config.
@@ -97,6 +100,11 @@ type Config struct {
 	// SandboxEventLimits caps what each run's sandbox may append to its
 	// log; zero fields take belay.DefaultSandboxEventLimits.
 	SandboxEventLimits belay.SandboxEventLimits
+	// MaxResumes is how many times a run whose sandbox was lost resumes
+	// on a new one, from its latest checkpoint, at most (0 to
+	// MaxMaxResumes; 0 turns resumes off, and a restart then fails the
+	// runs left running). Nil means belay.DefaultMaxResumes.
+	MaxResumes *int
 	// ShutdownTimeout bounds Close: in-flight requests, then runs in
 	// flight. DefaultShutdownTimeout when zero.
 	ShutdownTimeout time.Duration
@@ -141,7 +149,37 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 			MaxEvents: int(positiveFromEnv(get(EnvSandboxEvents))),
 			MaxBytes:  positiveFromEnv(get(EnvSandboxEventBytes)),
 		},
+		MaxResumes: resumesFromEnv(get(EnvMaxResumes)),
 	}
+}
+
+// MaxMaxResumes bounds Config.MaxResumes: more would let a sandbox that
+// dies at once be started again and again.
+const MaxMaxResumes = 20
+
+// resumesFromEnv reads BELAY_MAX_RESUMES: nil when unset, -1 when it is
+// not a whole number from 0 to MaxMaxResumes, which New then refuses
+// naming the variable.
+func resumesFromEnv(v string) *int {
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > MaxMaxResumes {
+		n = -1
+	}
+	return &n
+}
+
+// orchestratorResumes is Config.MaxResumes as orchestrator.Config takes it.
+func orchestratorResumes(n *int) int {
+	switch {
+	case n == nil:
+		return 0 // the default
+	case *n == 0:
+		return -1 // never
+	}
+	return *n
 }
 
 // positiveFromEnv reads a count from the environment: 0 when unset, -1

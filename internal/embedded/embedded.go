@@ -99,6 +99,9 @@ func New(cfg Config) (*Main, error) {
 	if err := checkSandboxEventLimits(&cfg, m.log); err != nil {
 		return nil, err
 	}
+	if n := cfg.MaxResumes; n != nil && (*n < 0 || *n > MaxMaxResumes) {
+		return nil, fmt.Errorf("%s (--max-resumes) must be a whole number from 0 to %d", EnvMaxResumes, MaxMaxResumes)
+	}
 	if err := cfg.Storage.check(); err != nil {
 		return nil, err
 	}
@@ -354,8 +357,9 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		Launcher:  launcher,
 		Signer:    signer,
 		Logger:    m.log,
-		Now:       m.now,
-		StopGrace: sandboxStopGrace,
+		Now:        m.now,
+		StopGrace:  sandboxStopGrace,
+		MaxResumes: orchestratorResumes(m.cfg.MaxResumes),
 	})
 	if err != nil {
 		return err

@@ -89,6 +89,12 @@ type Config struct {
 	// on its own (and leave its transcript) before it is killed. Zero kills
 	// at once. The run is failed with reason timeout either way.
 	StopGrace time.Duration
+	// MaxResumes is how many times a run whose sandbox was lost resumes on
+	// a new one, at most (see Resume). Zero means belay.DefaultMaxResumes;
+	// a negative value means never: a lost sandbox fails its run, a
+	// restart fails the runs left running, and Close fails the runs in
+	// flight.
+	MaxResumes int
 }
 
 // Orchestrator sequences runs in-process. It implements belay.Orchestrator.
@@ -103,6 +109,7 @@ type Orchestrator struct {
 	entropy    io.Reader
 	tokenGrace time.Duration
 	stopGrace  time.Duration
+	maxResumes int
 
 	mu     sync.Mutex
 	closed bool
@@ -117,6 +124,9 @@ type flight struct {
 	id     string
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// recovered is the run as an earlier process left it running: the
+	// flight resumes it rather than activating it.
+	recovered *belay.Run
 
 	// mu orders Cancel against the flight's activation and launch, so a
 	// capability activated concurrently with a cancel is still revoked and
@@ -142,6 +152,13 @@ func New(cfg Config) (*Orchestrator, error) {
 	case cfg.StopGrace < 0:
 		return nil, fmt.Errorf("orchestrator: Config.StopGrace %v is negative", cfg.StopGrace)
 	}
+	maxResumes := cfg.MaxResumes
+	switch {
+	case maxResumes == 0:
+		maxResumes = belay.DefaultMaxResumes
+	case maxResumes < 0:
+		maxResumes = 0
+	}
 	o := &Orchestrator{
 		store:      cfg.Store,
 		artifacts:  cfg.Artifacts,
@@ -152,6 +169,7 @@ func New(cfg Config) (*Orchestrator, error) {
 		entropy:    cfg.Entropy,
 		tokenGrace: cfg.TokenGrace,
 		stopGrace:  cfg.StopGrace,
+		maxResumes: maxResumes,
 		runs:       make(map[string]*flight),
 	}
 	if o.log == nil {
@@ -182,13 +200,21 @@ func (o *Orchestrator) Submit(ctx context.Context, runID string) error {
 	if _, ok := o.runs[runID]; ok {
 		return nil
 	}
+	o.startFlight(ctx, runID, nil)
+	return nil
+}
+
+// startFlight starts run id's goroutine. o.mu is held.
+func (o *Orchestrator) startFlight(ctx context.Context, runID string, recovered *belay.Run) {
 	runCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	f := &flight{id: runID, ctx: runCtx, cancel: cancel}
+	f := &flight{id: runID, ctx: runCtx, cancel: cancel, recovered: recovered}
 	o.runs[runID] = f
 	o.wg.Add(1)
 	go o.fly(f)
-	return nil
 }
+
+// resumes reports whether lost sandboxes are replaced at all.
+func (o *Orchestrator) resumes() bool { return o.maxResumes > 0 }
 
 // Cancel ends the run as cancelled. For a run in flight it cancels the
 // run's context, revokes its capability and stops its sandbox, all before
@@ -240,12 +266,15 @@ func (o *Orchestrator) cancelIdle(ctx context.Context, runID string) error {
 	return err
 }
 
-// Recover is for start-up, before serving: it ends what a dead control
-// plane left behind. A running run has lost its sandbox and is failed with
-// reason "interrupted: control plane restarted" (cancelled instead if a
-// cancel was requested), its capability revoked. A queued run is submitted
-// again (or cancelled, if a cancel was requested). Runs in flight here are
-// left alone. It goes on past a run it cannot end and returns the errors
+// Recover is for start-up, before serving: it takes over what a stopped or
+// dead control plane left behind. A running run has lost its sandbox: it
+// resumes on a new one from its latest checkpoint (see Resume) when
+// DecideResume allows, in a goroutine as Submit starts; otherwise it is
+// failed with DecideResume's reason (with resumes off, "interrupted:
+// control plane restarted"), and cancelled instead if a cancel was
+// requested, its capability revoked. A queued run is submitted again (or
+// cancelled, if a cancel was requested). Runs in flight here are left
+// alone. It goes on past a run it cannot end and returns the errors
 // joined.
 func (o *Orchestrator) Recover(ctx context.Context) error {
 	running, err := o.listRuns(ctx, belay.StatusRunning)
@@ -257,18 +286,36 @@ func (o *Orchestrator) Recover(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	interrupted, resubmitted, cancelled := 0, 0, 0
+	interrupted, resumed, resubmitted, cancelled := 0, 0, 0, 0
 	for _, run := range running {
 		if o.inFlight(run.ID) {
 			continue
 		}
+		out := Outcome{Status: belay.StatusFailed, Reason: ReasonInterrupted}
+		switch resume, why := DecideResume(run, ReasonRestarted, o.maxResumes, o.now()); {
+		case run.CancelRequested:
+			out = Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled}
+		case resume:
+			o.mu.Lock()
+			if o.closed {
+				o.mu.Unlock()
+				errs = append(errs, fmt.Errorf("recover run %s: the orchestrator is closed", run.ID))
+				continue
+			}
+			if _, ok := o.runs[run.ID]; !ok {
+				r := run
+				o.startFlight(ctx, run.ID, &r)
+				resumed++
+			}
+			o.mu.Unlock()
+			continue
+		case o.resumes():
+			out.Reason = why
+			out.Events = []belay.EventInput{LostEvent(run, ReasonRestarted, belay.SandboxExit{}, false, o.now())}
+		}
 		if err := o.store.RevokeCapability(ctx, run.ID); err != nil {
 			errs = append(errs, fmt.Errorf("recover run %s: %w", run.ID, err))
 			continue
-		}
-		out := Outcome{Status: belay.StatusFailed, Reason: ReasonInterrupted}
-		if run.CancelRequested {
-			out = Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled}
 		}
 		if _, err := o.Finalize(ctx, run, out); err != nil {
 			errs = append(errs, fmt.Errorf("recover run %s: %w", run.ID, err))
@@ -292,8 +339,8 @@ func (o *Orchestrator) Recover(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("recover run %s: %w", run.ID, err))
 		}
 	}
-	if interrupted+resubmitted+cancelled > 0 {
-		o.log.Info("recovered runs", "interrupted", interrupted, "resubmitted", resubmitted, "cancelled", cancelled)
+	if interrupted+resumed+resubmitted+cancelled > 0 {
+		o.log.Info("recovered runs", "resumed", resumed, "interrupted", interrupted, "resubmitted", resubmitted, "cancelled", cancelled)
 	}
 	return errors.Join(errs...)
 }
@@ -322,10 +369,12 @@ func (o *Orchestrator) inFlight(runID string) bool {
 }
 
 // Close shuts the orchestrator down gracefully: Submit refuses new runs,
-// every sandbox in flight is stopped and its run finalized as failed with
-// reason "control plane shutting down", and Close waits for those writes to
-// finish. A run that had not started yet stays queued for Recover to submit
-// again. Returns an error if ctx ends first. It is idempotent.
+// every sandbox in flight is stopped, and Close waits for that to finish.
+// A run in flight is left running, its capability and checkpoints as they
+// are, for Recover to resume at the next start; with resumes off it is
+// finalized as failed with reason "control plane shutting down" instead. A
+// run that had not started yet stays queued for Recover to submit again.
+// Returns an error if ctx ends first. It is idempotent.
 func (o *Orchestrator) Close(ctx context.Context) error {
 	o.mu.Lock()
 	o.closed = true
@@ -351,7 +400,10 @@ func (o *Orchestrator) Close(ctx context.Context) error {
 	}
 }
 
-// fly runs one run's steps in its goroutine.
+// fly runs one run's steps in its goroutine: activate (or, for a run an
+// earlier process left running, resume), then launch and wait, attempt
+// after attempt while its sandbox is lost and DecideResume allows, then
+// validate and finalize.
 func (o *Orchestrator) fly(f *flight) {
 	defer o.wg.Done()
 	defer o.land(f)
@@ -365,11 +417,17 @@ func (o *Orchestrator) fly(f *flight) {
 	var (
 		run     belay.Run
 		spec    belay.SandboxSpec // holds the tokens and the claim code
-		owned   bool              // this flight moved the run to running
+		owned   bool              // this flight moved the run to running, or took it over
+		kept    bool              // the run is left running for the next start to resume
 		sandbox belay.Sandbox
 	)
 	defer func() {
-		if owned {
+		switch {
+		case kept:
+			if err := o.dropSandbox(f, sandbox); err != nil {
+				log.Error("clean up run", "err", redact(err.Error(), spec))
+			}
+		case owned:
 			if err := o.Cleanup(store, f.id, sandbox); err != nil {
 				log.Error("clean up run", "err", redact(err.Error(), spec))
 			}
@@ -381,6 +439,7 @@ func (o *Orchestrator) fly(f *flight) {
 			return
 		}
 		log.Error("run panicked", "panic", redact(fmt.Sprint(p), spec), "stack", string(debug.Stack()))
+		kept = false
 		if owned {
 			// Stop the sandbox before the run is reported failed; the
 			// deferred Cleanup repeats this harmlessly.
@@ -396,76 +455,197 @@ func (o *Orchestrator) fly(f *flight) {
 		}
 	}()
 
-	// Activate under f.mu, so that a concurrent Cancel revokes the
-	// capability after it exists rather than before.
-	activate := func() (belay.Run, belay.SandboxSpec, error) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if ctx.Err() != nil {
-			return belay.Run{}, belay.SandboxSpec{}, errNotStarted
-		}
-		return o.Activate(store, f.id)
-	}
-	run, spec, err := activate()
-	owned = run.Status == belay.StatusRunning
-	if err != nil {
+	if f.recovered != nil {
+		// A run an earlier process left running: it lost its sandbox with
+		// that process, and goes on with its next attempt.
+		run, owned = *f.recovered, true
+		next, nspec, err := o.resumeFlight(f, store, run, ReasonRestarted, belay.SandboxExit{})
 		switch {
 		case errors.Is(err, errNotStarted) && errors.Is(context.Cause(ctx), ErrShutdown):
-			// Never started: it stays queued for Recover.
+			kept = true
+			return
 		case errors.Is(err, errNotStarted):
-			o.cancelBeforeStart(store, log, f.id)
-		case !owned && belay.IsCode(err, belay.CodeConflict):
-			log.Info("run not started: it is no longer queued", "err", err)
-		case !owned:
-			log.Error("run not started", "err", err)
-		default:
-			log.Error("activate run", "err", err)
-			o.finish(store, log, run, Outcome{Status: belay.StatusFailed, Reason: ReasonActivation})
+			o.finish(store, log, run, Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled})
+			return
+		case err != nil:
+			log.Info("run not resumed after the restart", "err", err)
+			o.finish(store, log, run, Outcome{Status: belay.StatusFailed, Reason: ReasonInterrupted})
+			return
 		}
-		return
+		run, spec = next, nspec
+	} else {
+		// Activate under f.mu, so that a concurrent Cancel revokes the
+		// capability after it exists rather than before.
+		activate := func() (belay.Run, belay.SandboxSpec, error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if ctx.Err() != nil {
+				return belay.Run{}, belay.SandboxSpec{}, errNotStarted
+			}
+			return o.Activate(store, f.id)
+		}
+		var err error
+		run, spec, err = activate()
+		owned = run.Status == belay.StatusRunning
+		if err != nil {
+			switch {
+			case errors.Is(err, errNotStarted) && errors.Is(context.Cause(ctx), ErrShutdown):
+				// Never started: it stays queued for Recover.
+			case errors.Is(err, errNotStarted):
+				o.cancelBeforeStart(store, log, f.id)
+			case !owned && belay.IsCode(err, belay.CodeConflict):
+				log.Info("run not started: it is no longer queued", "err", err)
+			case !owned:
+				log.Error("run not started", "err", err)
+			default:
+				log.Error("activate run", "err", err)
+				o.finish(store, log, run, Outcome{Status: belay.StatusFailed, Reason: ReasonActivation})
+			}
+			return
+		}
+		log.Info("run started", "wall_time_seconds", run.Request.WallTimeSeconds, "max_requests", run.Request.MaxRequests())
 	}
-	log.Info("run started", "wall_time_seconds", run.Request.WallTimeSeconds, "max_requests", run.Request.MaxRequests())
 	if run.CancelRequested {
 		o.finish(store, log, run, Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled})
 		return
 	}
 
-	if cause := interruption(ctx); cause != nil {
-		// Cancelled or shut down while activating: launch nothing.
-		o.finish(store, log, run, Validate(run, belay.SandboxExit{}, nil, cause))
-		return
-	}
-	sb, err := o.Launch(ctx, spec)
-	f.mu.Lock()
-	sandbox, f.sandbox = sb, sb
-	f.mu.Unlock()
-	if err != nil {
-		out := Outcome{Status: belay.StatusFailed, Reason: ReasonLaunch}
+	var (
+		exit    belay.SandboxExit
+		waitErr error
+		files   map[string][]byte
+		lost    string // how the last sandbox was lost, if it was
+		gaveUp  string // why it was not replaced
+	)
+	for {
 		if cause := interruption(ctx); cause != nil {
-			out = Validate(run, belay.SandboxExit{}, nil, cause)
-		} else {
-			log.Error("launch sandbox", "err", redact(err.Error(), spec))
+			// Cancelled or shut down before the launch: launch nothing.
+			if o.keepForRestart(store, f.id, cause) {
+				kept = true
+				log.Info("run left running: the next start resumes it", "attempt", run.Attempt)
+				return
+			}
+			o.finish(store, log, run, Validate(run, belay.SandboxExit{}, nil, cause))
+			return
 		}
-		o.finish(store, log, run, out)
-		return
+		sb, err := o.Launch(ctx, spec)
+		f.mu.Lock()
+		sandbox, f.sandbox = sb, sb
+		f.mu.Unlock()
+		if err != nil {
+			out := Outcome{Status: belay.StatusFailed, Reason: ReasonLaunch}
+			if cause := interruption(ctx); cause != nil {
+				if o.keepForRestart(store, f.id, cause) {
+					kept = true
+					return
+				}
+				out = Validate(run, belay.SandboxExit{}, nil, cause)
+			} else {
+				log.Error("launch sandbox", "err", redact(err.Error(), spec), "attempt", run.Attempt)
+			}
+			o.finish(store, log, run, out)
+			return
+		}
+
+		exit, waitErr = o.Wait(ctx, run, sb)
+		if waitErr != nil && waitErr != ErrTimeout && waitErr != ErrCancelled && waitErr != ErrShutdown {
+			// The sandbox could not be waited for or stopped cleanly.
+			log.Error("wait for sandbox", "err", redact(waitErr.Error(), spec), "attempt", run.Attempt)
+		}
+		if o.keepForRestart(store, f.id, waitErr) {
+			kept = true
+			log.Info("run left running: the next start resumes it", "attempt", run.Attempt)
+			return
+		}
+		files = o.Collect(store, run)
+		var isLost bool
+		if lost, isLost = SandboxLost(exit, files, waitErr); !isLost {
+			break
+		}
+		cur, err := o.store.GetRun(store, f.id)
+		if err != nil {
+			log.Error("read run after losing its sandbox", "err", err)
+			break
+		}
+		resume, why := DecideResume(cur, lost, o.maxResumes, o.now())
+		if !resume || interruption(ctx) != nil {
+			if o.resumes() {
+				gaveUp = why
+			}
+			break
+		}
+		log.Info("sandbox lost; resuming the run on a new one", "attempt", cur.Attempt, "lost", lost)
+		if err := o.dropSandbox(f, sb); err != nil {
+			log.Warn("clean up the lost sandbox", "err", redact(err.Error(), spec), "attempt", cur.Attempt)
+		}
+		sandbox = nil
+		next, nspec, err := o.resumeFlight(f, store, cur, lost, exit)
+		if err != nil {
+			if !errors.Is(err, errNotStarted) && !belay.IsCode(err, belay.CodeConflict) {
+				log.Error("resume run", "err", redact(err.Error(), nspec))
+			}
+			break
+		}
+		run, spec = next, nspec
 	}
 
-	exit, waitErr := o.Wait(ctx, run, sb)
-	if waitErr != nil && waitErr != ErrTimeout && waitErr != ErrCancelled && waitErr != ErrShutdown {
-		// The sandbox could not be waited for or stopped cleanly.
-		log.Error("wait for sandbox", "err", redact(waitErr.Error(), spec))
-	}
 	// The sandbox is gone: no model call, and no upload, from here on.
 	if err := o.store.RevokeCapability(store, f.id); err != nil {
 		log.Error("revoke capability", "err", err)
 	}
-	files := o.Collect(store, run)
 	out := Validate(run, exit, files, waitErr)
+	if lost != "" {
+		if gaveUp != "" && out.Status == belay.StatusFailed {
+			out.Reason = gaveUp
+		}
+		out.Events = append(out.Events, LostEvent(run, lost, exit, false, o.now()))
+	}
 	if errors.Is(context.Cause(ctx), ErrCancelled) && out.Status != belay.StatusCancelled {
 		// Cancelled while finishing: the cancel wins over a late result.
-		out = Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled, Files: out.Files}
+		out = Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled, Files: out.Files, Events: out.Events}
 	}
 	o.finish(store, log, run, redactOutcome(out, spec))
+}
+
+// keepForRestart reports whether a run interrupted by cause is left
+// running for the next start to resume: a shutdown, with resumes on, of a
+// run still running and not asked to cancel.
+func (o *Orchestrator) keepForRestart(ctx context.Context, runID string, cause error) bool {
+	if !errors.Is(cause, ErrShutdown) || !o.resumes() {
+		return false
+	}
+	run, err := o.store.GetRun(ctx, runID)
+	return err == nil && run.Status == belay.StatusRunning && !run.CancelRequested
+}
+
+// resumeFlight resumes the flight's run under f.mu, so that a concurrent
+// Cancel revokes the capability after the resume is stored, or before the
+// flight looks: never in between. Returns errNotStarted when the flight
+// was cancelled or shut down first.
+func (o *Orchestrator) resumeFlight(f *flight, ctx context.Context, run belay.Run, lost string, exit belay.SandboxExit) (belay.Run, belay.SandboxSpec, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ctx.Err() != nil {
+		return belay.Run{}, belay.SandboxSpec{}, errNotStarted
+	}
+	return o.Resume(ctx, run, lost, exit)
+}
+
+// dropSandbox stops and removes one sandbox of the flight, leaving the
+// run's capability alone (a resume goes on with it), within
+// collectTimeout.
+func (o *Orchestrator) dropSandbox(f *flight, sb belay.Sandbox) error {
+	if sb == nil {
+		return nil
+	}
+	f.mu.Lock()
+	if f.sandbox == sb {
+		f.sandbox = nil
+	}
+	f.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
+	defer cancel()
+	return errors.Join(sb.Stop(ctx), sb.Cleanup())
 }
 
 // land forgets a finished flight.
@@ -655,6 +835,8 @@ type Outcome struct {
 	Checks       []belay.CheckResult
 	ChangedFiles []string
 	Files        map[string][]byte
+	// Events are appended before the outcome's own (a sandbox.lost).
+	Events []belay.EventInput
 }
 
 // Validate decides the run's outcome from how its sandbox ended; the
@@ -741,7 +923,7 @@ func (o *Orchestrator) Finalize(ctx context.Context, run belay.Run, out Outcome)
 		return stored, nil
 	}
 	if stored.CancelRequested && out.Status != belay.StatusCancelled {
-		out = Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled, Files: out.Files}
+		out = Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled, Files: out.Files, Events: out.Events}
 	}
 
 	var artifacts []string
@@ -767,7 +949,8 @@ func (o *Orchestrator) Finalize(ctx context.Context, run belay.Run, out Outcome)
 	now := o.now()
 	// The final checks go into the log from the bundle the control plane
 	// validated, as its own events: the sandbox may not report them.
-	events := make([]belay.EventInput, 0, len(out.Checks)+1)
+	events := make([]belay.EventInput, 0, len(out.Events)+len(out.Checks)+1)
+	events = append(events, out.Events...)
 	for _, c := range out.Checks {
 		check, err := json.Marshal(FinalCheck{Argv: c.Argv, ExitCode: c.ExitCode, DurationMs: c.DurationMs, Final: true})
 		if err != nil {

@@ -241,9 +241,15 @@ type harness struct {
 	orch       *orchestrator.Orchestrator
 	logs       *syncBuffer
 	workspaces string
+	cfg        orchestrator.Config
+	// beforeExit, when set, runs in a scripted sandbox before it exits.
+	beforeExit func(*fakeSandbox)
 }
 
 type harnessOption func(*orchestrator.Config)
+
+// noResumes turns resumes off: a lost sandbox fails its run.
+func noResumes(c *orchestrator.Config) { c.MaxResumes = -1 }
 
 func newHarness(tb testing.TB, opts ...harnessOption) *harness {
 	tb.Helper()
@@ -281,6 +287,7 @@ func newHarness(tb testing.TB, opts ...harnessOption) *harness {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	h.cfg = cfg
 	h.orch, err = orchestrator.New(cfg)
 	if err != nil {
 		tb.Fatalf("orchestrator.New: %v", err)
@@ -673,7 +680,9 @@ func TestRunOutcomes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			// How each ending is judged, with no resume (resume_test.go
+			// has the runs whose lost sandbox is replaced).
+			h := newHarness(t, noResumes)
 			id := "run-" + strings.ReplaceAll(tt.name, " ", "-")
 			h.createRun(t, id, testRequest(t, cmpOr(tt.wallTime, 60)), tt.plan)
 			if tt.preActive {
@@ -853,8 +862,10 @@ func TestLateCompletionAfterCancel(t *testing.T) {
 	}
 }
 
+// TestRecover is Recover with resumes off: a run left running fails as
+// interrupted (TestRecoverResumes has the default).
 func TestRecover(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, noResumes)
 	ctx := t.Context()
 	good := exitWith(0, func(tb testing.TB, runID string) map[string][]byte {
 		return bundleFiles(tb, completedBundle(runID), goodPatch)
@@ -920,8 +931,10 @@ func TestRecover(t *testing.T) {
 	}
 }
 
+// TestCloseWithRunInFlight is Close with resumes off: the run in flight
+// fails (TestCloseLeavesTheRunToResume has the default).
 func TestCloseWithRunInFlight(t *testing.T) {
-	h := newHarness(t)
+	h := newHarness(t, noResumes)
 	const id = "run-shutdown"
 	h.createRun(t, id, testRequest(t, 60), plan{script: blockUntilStopped(map[string][]byte{"transcript.jsonl": []byte("{}\n")})})
 	if err := h.orch.Submit(t.Context(), id); err != nil {
