@@ -148,6 +148,15 @@ type eventData struct {
 	DurationMs      int64           `json:"durationMs"`
 	TimedOut        bool            `json:"timedOut"`
 	Final           bool            `json:"final"`
+	Attempt         int             `json:"attempt"`
+	Resumes         bool            `json:"resumes"`
+	Interrupted     bool            `json:"interrupted"`
+	Checkpoint      *struct {
+		Seq     int64  `json:"seq"`
+		Step    int    `json:"step"`
+		Pending string `json:"pending"`
+	} `json:"checkpoint"`
+	ResumesLeft int `json:"resumesLeft"`
 	Text            string          `json:"text"`
 	ApprovalID      string          `json:"approvalId"`
 	Tool            string          `json:"tool"`
@@ -186,7 +195,10 @@ func summary(ev belay.Event) string {
 	case belay.EventToolResult:
 		if d.Name != "" {
 			verdict := "ok"
-			if d.IsError {
+			switch {
+			case d.Interrupted:
+				verdict = "INTERRUPTED (not run again)"
+			case d.IsError:
 				verdict = "error"
 			}
 			first, _, _ := strings.Cut(strings.TrimSpace(d.Result), "\n")
@@ -222,6 +234,26 @@ func summary(ev belay.Event) string {
 				s += ": " + d.Reason
 			}
 			return s
+		}
+	case belay.EventSandboxLost:
+		if d.Attempt > 0 {
+			next := "the run fails"
+			if d.Resumes {
+				next = "resuming on a new sandbox"
+			}
+			return fmt.Sprintf("attempt %d: %s; %s", d.Attempt, d.Reason, next)
+		}
+	case belay.EventRunResumed:
+		if d.Attempt > 0 {
+			from := "from the start (no checkpoint)"
+			if c := d.Checkpoint; c != nil {
+				from = fmt.Sprintf("from checkpoint %d (step %d", c.Seq, c.Step)
+				if c.Pending != "" {
+					from += ", " + c.Pending + " interrupted"
+				}
+				from += ")"
+			}
+			return fmt.Sprintf("attempt %d %s; %d resume(s) left", d.Attempt, from, d.ResumesLeft)
 		}
 	case belay.EventRunCompleted, belay.EventRunFailed, belay.EventRunCancelled:
 		s := d.Reason

@@ -113,6 +113,26 @@ func printRun(w io.Writer, r wire.RunView) {
 		fmt.Fprintf(w, "  finished:      %s (took %s)\n", r.FinishedAt.Local().Format(time.DateTime),
 			r.FinishedAt.Sub(from).Round(time.Second))
 	}
+	if len(r.Attempts) > 1 {
+		fmt.Fprintf(w, "  attempts:      %d\n", len(r.Attempts))
+		for _, a := range r.Attempts {
+			lost := "running"
+			switch {
+			case a.Lost != "":
+				lost = "sandbox lost: " + printableLine(a.Lost)
+			case !a.EndedAt.IsZero():
+				lost = "ended"
+			}
+			fmt.Fprintf(w, "    %d: from %s, %s\n", a.Attempt, a.StartedAt.Local().Format(time.DateTime), lost)
+		}
+	}
+	if c := r.Checkpoint; c != nil {
+		pending := ""
+		if c.Pending != "" {
+			pending = ", " + printableLine(c.Pending) + " pending"
+		}
+		fmt.Fprintf(w, "  checkpoint:    %d of attempt %d at step %d%s, %d bytes\n", c.Seq, c.Attempt, c.Step, pending, c.Size)
+	}
 	fmt.Fprintf(w, "  model calls:   %d of %d (tokens: %d prompt, %d completion)\n",
 		r.Usage.ModelRequests, r.Usage.MaxRequests, r.Usage.PromptTokens, r.Usage.CompletionTokens)
 	fmt.Fprintf(w, "  files:         %s\n", printableLine(strings.Join(r.Request.Files, ", ")))

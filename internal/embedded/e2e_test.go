@@ -108,6 +108,9 @@ type provider struct {
 	arrived chan struct{}
 	release chan struct{}
 	freeOne sync.Once
+	// hook, when set, sees each request's number as it arrives, before
+	// it is answered.
+	hook func(n int64)
 }
 
 // newProvider serves script; with holdAt > 0 the holdAt-th request waits
@@ -132,7 +135,11 @@ func newProvider(tb testing.TB, script scriptedmodel.Script, holdAt int) *provid
 }
 
 func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if p.n.Add(1) == p.holdAt {
+	n := p.n.Add(1)
+	if p.hook != nil {
+		p.hook(n)
+	}
+	if n == p.holdAt {
 		close(p.arrived)
 		select {
 		case <-p.release:
@@ -149,7 +156,7 @@ func (p *provider) Held() <-chan struct{} { return p.arrived }
 func (p *provider) Release() { p.freeOne.Do(func() { close(p.release) }) }
 
 // Calls is how many chat-completions requests reached the provider.
-func (p *provider) Calls() int { return p.model.Calls() }
+func (p *provider) Calls() int { return int(p.n.Load()) }
 
 // plane is a running control plane of an end-to-end test.
 type plane struct {
@@ -161,7 +168,7 @@ type plane struct {
 // startWith starts a control plane whose upstream is p and whose sandbox
 // is the real entry (or sandboxBin when not empty), logging into logs
 // (when not nil).
-func startWith(tb testing.TB, p *provider, logs *embeddedtest.Logs, sandboxBin string) plane {
+func startWith(tb testing.TB, p *provider, logs *embeddedtest.Logs, sandboxBin string, edits ...func(*embedded.Config)) plane {
 	tb.Helper()
 	cfg := embeddedtest.Config(tb, logs)
 	cfg.ScriptedModel = ""
@@ -171,6 +178,9 @@ func startWith(tb testing.TB, p *provider, logs *embeddedtest.Logs, sandboxBin s
 	cfg.SandboxBin = sandboxBin
 	if cfg.SandboxBin == "" {
 		cfg.SandboxBin = realEntry(tb)
+	}
+	for _, edit := range edits {
+		edit(&cfg)
 	}
 	m := embeddedtest.Start(tb, cfg)
 	// Registered after Start, so it runs before Close: a request still held
@@ -550,4 +560,10 @@ func applyAndTest(tb testing.TB, files []belay.File, patch []byte) {
 	if code, out := run(pytest...); code != 0 {
 		tb.Fatalf("pytest fails on the patched tree: exit code %d\n%s\npatch:\n%s", code, out, patch)
 	}
+}
+
+// noResumes turns resumes off: a lost sandbox fails its run.
+func noResumes(c *embedded.Config) {
+	zero := 0
+	c.MaxResumes = &zero
 }

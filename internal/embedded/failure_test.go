@@ -43,8 +43,9 @@ func terminalEvent(tb testing.TB, events []belay.Event, status belay.RunStatus) 
 }
 
 // TestSandboxKilledMidRun kills the sandbox entry while its second model
-// call is in flight: the run fails with a reason, its events stay
-// readable, and its capability is revoked in the store.
+// call is in flight, with resumes off: the run fails with a reason, its
+// events stay readable, and its capability is revoked in the store
+// (resume_test.go has the same loss resumed).
 func TestSandboxKilledMidRun(t *testing.T) {
 	t.Parallel()
 	script := scriptedmodel.Script{Name: "killed", Steps: []scriptedmodel.Step{
@@ -52,7 +53,7 @@ func TestSandboxKilledMidRun(t *testing.T) {
 		finish("never reached"),
 	}}
 	p := newProvider(t, script, 2)
-	pl := startWith(t, p, nil, "")
+	pl := startWith(t, p, nil, "", noResumes)
 	ctx := context.Background()
 	created, err := pl.c.CreateRun(ctx, calcRequest(t), "")
 	if err != nil {

@@ -594,7 +594,7 @@ func (o *Orchestrator) fly(f *flight) {
 		log.Error("revoke capability", "err", err)
 	}
 	out := Validate(run, exit, files, waitErr)
-	if lost != "" {
+	if lost != "" && o.resumes() {
 		if gaveUp != "" && out.Status == belay.StatusFailed {
 			out.Reason = gaveUp
 		}

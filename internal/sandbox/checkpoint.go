@@ -51,7 +51,11 @@ type CheckpointerConfig struct {
 	NextSeq int64
 	// ProgressInterval defaults to progressInterval.
 	ProgressInterval time.Duration
-	Logger           *slog.Logger
+	// FlushEvents, when set, delivers the events emitted so far; it is
+	// called before a pending call is saved, so the log has the call's
+	// tool.call before the call can run (and die with its sandbox).
+	FlushEvents func(ctx context.Context) error
+	Logger      *slog.Logger
 }
 
 // Checkpointer saves the run's checkpoints (DESIGN.md "Checkpoints and
@@ -106,6 +110,11 @@ func NewCheckpointer(cfg CheckpointerConfig) *Checkpointer {
 // stored (when it can be).
 func (c *Checkpointer) Save(ctx context.Context, s agent.State) {
 	c.stopProgress()
+	if s.Pending != nil && c.cfg.FlushEvents != nil {
+		fctx, cancel := context.WithTimeout(ctx, flushBeforeModelCall)
+		_ = c.cfg.FlushEvents(fctx)
+		cancel()
+	}
 	agentState, err := json.Marshal(s)
 	if err != nil {
 		c.log.Error("encode the agent state", "err", err)

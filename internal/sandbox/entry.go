@@ -236,7 +236,7 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 	events.Emit(belay.EventSandboxReady, ready)
 	checkpoints := NewCheckpointer(CheckpointerConfig{
 		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Attempt: spec.Attempt, Token: tokens.Events,
-		RepoDir: git.Dir, Base: spec.Files, NextSeq: nextSeq, Logger: log,
+		RepoDir: git.Dir, Base: spec.Files, NextSeq: nextSeq, FlushEvents: events.Flush, Logger: log,
 	})
 	defer checkpoints.Close()
 
