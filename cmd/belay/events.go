@@ -156,12 +156,12 @@ type eventData struct {
 		Step    int    `json:"step"`
 		Pending string `json:"pending"`
 	} `json:"checkpoint"`
-	ResumesLeft int `json:"resumesLeft"`
-	Text            string          `json:"text"`
-	ApprovalID      string          `json:"approvalId"`
-	Tool            string          `json:"tool"`
-	Decision        string          `json:"decision"`
-	DecidedBy       string          `json:"decidedBy"`
+	ResumesLeft int    `json:"resumesLeft"`
+	Text        string `json:"text"`
+	ApprovalID  string `json:"approvalId"`
+	Tool        string `json:"tool"`
+	Decision    string `json:"decision"`
+	DecidedBy   string `json:"decidedBy"`
 }
 
 // summary says what an event means in a few words; for a type it does not

@@ -352,11 +352,11 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("%w (set %s or --sandbox-dir to move the sandbox workspaces)", err, EnvSandboxDir)
 	}
 	orch, err := orchestrator.New(orchestrator.Config{
-		Store:     store,
-		Artifacts: artifacts,
-		Launcher:  launcher,
-		Signer:    signer,
-		Logger:    m.log,
+		Store:      store,
+		Artifacts:  artifacts,
+		Launcher:   launcher,
+		Signer:     signer,
+		Logger:     m.log,
 		Now:        m.now,
 		StopGrace:  sandboxStopGrace,
 		MaxResumes: orchestratorResumes(m.cfg.MaxResumes),
