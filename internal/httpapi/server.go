@@ -211,6 +211,7 @@ func New(cfg Config) (*Server, error) {
 		mux.HandleFunc("GET /internal/v1/runs/{id}/approvals/{approvalId}", s.handleGetApprovalInternal)
 		mux.HandleFunc("/", s.handleNoRoute)
 	}
+	s.public.HandleFunc("GET /v1/config", s.handleConfig)
 	s.public.HandleFunc("POST /v1/runs", s.handleCreateRun)
 	s.public.HandleFunc("GET /v1/runs", s.handleListRuns)
 	s.public.HandleFunc("GET /v1/runs/{id}", s.handleGetRun)
