@@ -42,6 +42,12 @@ type SandboxSpec struct {
 	APIBaseURL string `json:"apiBaseUrl"`
 	APISocket  string `json:"apiSocket,omitempty"`
 
+	// Deadline is when the run's wall time ends (Run.Deadline): the one
+	// clock the sandbox and the control plane both keep to. It is fixed
+	// when the run starts and is the same for every attempt, so neither
+	// side counts wall time from its own start.
+	Deadline time.Time `json:"deadline"`
+
 	Tokens SandboxTokens `json:"-"`
 }
 
@@ -82,6 +88,25 @@ func SpecFor(runID string, req RunRequest) SandboxSpec {
 		WallTimeSeconds: req.WallTimeSeconds,
 		Approval:        req.Approval,
 	}
+}
+
+// Deadline is when the run's wall time ends, in UTC: StartedAt plus the
+// requested wall time. StartedAt is written once, when the run starts, so
+// the deadline never moves, whichever attempt or process asks. Zero for a
+// run that has not started.
+func (r Run) Deadline() time.Time {
+	if r.StartedAt.IsZero() {
+		return time.Time{}
+	}
+	return r.StartedAt.Add(time.Duration(r.Request.WallTimeSeconds) * time.Second).UTC()
+}
+
+// SpecForRun builds the sandbox spec of a started run: SpecFor with the
+// run's Deadline.
+func SpecForRun(r Run) SandboxSpec {
+	spec := SpecFor(r.ID, r.Request)
+	spec.Deadline = r.Deadline()
+	return spec
 }
 
 // Launcher starts sandboxes: a local hardened subprocess, or a Fargate task.

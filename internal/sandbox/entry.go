@@ -100,7 +100,9 @@ func (e *entry) run(ctx context.Context) error {
 		return err
 	}
 	log := e.log.With("run_id", spec.RunID)
-	deadline := start.Add(time.Duration(spec.WallTimeSeconds) * time.Second)
+	// The run's one clock: the control plane set the deadline when the run
+	// started, so a late launch shortens this sandbox's time, not the run's.
+	deadline := spec.Deadline
 
 	// Owner-only, as the local launcher lays them out: home holds git's and
 	// Python's configuration, which no other user should read or plant.
@@ -152,10 +154,10 @@ func (e *entry) run(ctx context.Context) error {
 		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Token: tokens.Approvals,
 		Timeout: time.Duration(spec.Approval.TimeoutSeconds) * time.Second, Now: e.now, Logger: log,
 	})
-	// The agent loop gets the wall time less a reserve for the final checks;
-	// the commands it runs end by the same moment.
-	wall := time.Duration(spec.WallTimeSeconds) * time.Second
-	agentDeadline := deadline.Add(-min(wall/4, maxCheckReserve))
+	// The agent loop gets the time left until the deadline less a reserve
+	// for the final checks (a quarter of what was left when the entry
+	// started); the commands it runs end by the same moment.
+	agentDeadline := deadline.Add(-min(max(deadline.Sub(start), 0)/4, maxCheckReserve))
 	tools, err := NewTools(ToolsConfig{
 		RepoDir: git.Dir, HomeDir: git.Home, AllowedPaths: spec.AllowedPaths, Checks: spec.Checks,
 		Deadline: agentDeadline, Approvals: approvals, Events: events, Transcript: transcript, Now: e.now, Logger: log,
@@ -164,7 +166,7 @@ func (e *entry) run(ctx context.Context) error {
 		return err
 	}
 	defer tools.Close()
-	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base.Commit, "files": len(spec.Files)})
+	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base.Commit, "files": len(spec.Files), "deadline": deadline})
 
 	agentCtx, cancelAgent := context.WithDeadline(ctx, agentDeadline)
 	defer cancelAgent()
