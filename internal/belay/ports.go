@@ -110,6 +110,7 @@ type Store interface {
 	RunStore
 	CapabilityStore
 	ApprovalStore
+	ModelCallStore
 }
 
 // ArtifactInfo names one stored artifact and its size in bytes.
