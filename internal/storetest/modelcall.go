@@ -1,9 +1,14 @@
 package storetest
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
 )
@@ -252,4 +257,106 @@ func seqInts(from, to int) []int {
 		out = append(out, i)
 	}
 	return out
+}
+
+// Baseline is a write a store's model-call writes are read against, in
+// BenchmarkModelCall.
+type Baseline struct {
+	Name  string
+	Write func(ctx context.Context) error
+}
+
+// BenchmarkModelCall measures the store's part of one proxied model call
+// against baseline writes of the same store, interleaved in one loop so
+// that all see the same machine (the first baseline is the one the
+// reported ratios use). Each iteration runs each baseline; the consume
+// (SpendModelRequest: the spend and its model.request event, what the
+// proxy waits for before it forwards); the response (RecordModelResponse:
+// usage and model.response); and, for comparison, the four writes the
+// proxy made before (ConsumeModelRequest, AppendEvents, RecordUsage,
+// AppendEvents) on a second run. Contexts cannot be cancelled, as in the
+// proxy, which detaches its writes from the caller.
+//
+// It reports ops/s of each and the ratios consume/baseline (goal ≥ 0.5)
+// and call/baseline (both writes), and logs them all as a table.
+func BenchmarkModelCall(b *testing.B, open func(tb testing.TB, opts Options) belay.Store, baselines ...Baseline) {
+	s := open(b, Options{})
+	ctx := context.WithoutCancel(b.Context())
+	run := createIn(b, s, "run-bench-call", belay.StatusRunning)
+	mustActivate(b, s, newCapability(run.ID, 1<<30, at(3600)))
+	before := createIn(b, s, "run-bench-before", belay.StatusRunning)
+	mustActivate(b, s, newCapability(before.ID, 1<<30, at(3600)))
+	response := responseEvent(2)
+	delta := belay.UsageDelta{ModelRequests: 1, PromptTokens: 11, CompletionTokens: 7}
+	tBase := make([]time.Duration, len(baselines))
+	var tSpend, tRecord, tFour time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		for i, base := range baselines {
+			t0 := time.Now()
+			if err := base.Write(ctx); err != nil {
+				b.Fatalf("%s: %v", base.Name, err)
+			}
+			tBase[i] += time.Since(t0)
+		}
+		t1 := time.Now()
+		res, err := s.SpendModelRequest(ctx, run.ID, testCall, at(1))
+		if err != nil || res.Outcome != belay.ConsumeOK {
+			b.Fatalf("SpendModelRequest = %+v, %v", res, err)
+		}
+		t2 := time.Now()
+		if _, err := s.RecordModelResponse(ctx, run.ID, delta, response); err != nil {
+			b.Fatalf("RecordModelResponse: %v", err)
+		}
+		t3 := time.Now()
+		tSpend += t2.Sub(t1)
+		tRecord += t3.Sub(t2)
+
+		t4 := time.Now()
+		res, err = s.ConsumeModelRequest(ctx, before.ID, testModel, at(1))
+		if err != nil || res.Outcome != belay.ConsumeOK {
+			b.Fatalf("ConsumeModelRequest = %+v, %v", res, err)
+		}
+		if _, err := s.AppendEvents(ctx, before.ID, "", []belay.EventInput{belay.ModelRequestEvent(at(1), testCall, res.Remaining)}); err != nil {
+			b.Fatalf("AppendEvents: %v", err)
+		}
+		if err := s.RecordUsage(ctx, before.ID, delta); err != nil {
+			b.Fatalf("RecordUsage: %v", err)
+		}
+		if _, err := s.AppendEvents(ctx, before.ID, "", []belay.EventInput{response}); err != nil {
+			b.Fatalf("AppendEvents: %v", err)
+		}
+		tFour += time.Since(t4)
+	}
+	n := float64(b.N)
+	opsPerSec := func(d time.Duration) float64 { return n / d.Seconds() }
+	consume, call, four := opsPerSec(tSpend), opsPerSec(tSpend+tRecord), opsPerSec(tFour)
+	b.ReportMetric(consume, "consume-ops/s")
+	b.ReportMetric(call, "call-ops/s")
+	b.ReportMetric(four, "four-writes-ops/s")
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n%-52s %10s", "store writes of one model call ("+strconv.Itoa(b.N)+" iterations)", "ops/s")
+	for _, base := range baselines {
+		fmt.Fprintf(&table, " %14s", "vs "+base.Name)
+	}
+	row := func(name string, ops float64) {
+		fmt.Fprintf(&table, "\n%-52s %10.0f", name, ops)
+		for i := range baselines {
+			fmt.Fprintf(&table, " %13.2f×", ops/opsPerSec(tBase[i]))
+		}
+	}
+	for i, base := range baselines {
+		row("baseline: "+base.Name, opsPerSec(tBase[i]))
+	}
+	row("consume: spend + model.request (1 write)", consume)
+	row("whole call: consume, then usage + response (2)", call)
+	row("before: consume, event, usage, event (4 writes)", four)
+	if len(baselines) > 0 {
+		base := opsPerSec(tBase[0])
+		b.ReportMetric(base, "baseline-ops/s")
+		b.ReportMetric(consume/base, "consume/baseline")
+		b.ReportMetric(call/base, "call/baseline")
+		fmt.Fprintf(&table, "\nconsume/%s = %.2f (goal ≥ 0.50); whole call %.2f× the four writes it replaces", baselines[0].Name, consume/base, call/four)
+	}
+	b.Log(table.String())
 }
