@@ -24,4 +24,3 @@ func OneRowWrite(s *Store, ctx context.Context, runID string) error {
 		return err
 	})
 }
-
