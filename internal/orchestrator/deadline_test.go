@@ -98,13 +98,13 @@ func TestStopGraceKeepsTheSandboxVerdict(t *testing.T) {
 		wantReason string
 	}{
 		{"failed bundle", func(sb *fakeSandbox) belay.SandboxExit {
-			return belay.SandboxExit{Files: bundleFiles(t, failed(sb.spec.RunID), "")}
+			return sb.upload(belay.SandboxExit{}, bundleFiles(t, failed(sb.spec.RunID), ""))
 		}, belay.StatusFailed, "wall_time_exceeded"},
 		{"completed bundle", func(sb *fakeSandbox) belay.SandboxExit {
-			return belay.SandboxExit{Files: bundleFiles(t, completedBundle(sb.spec.RunID), goodPatch)}
+			return sb.upload(belay.SandboxExit{}, bundleFiles(t, completedBundle(sb.spec.RunID), goodPatch))
 		}, belay.StatusCompleted, ""},
 		{"completed bundle, non-zero exit", func(sb *fakeSandbox) belay.SandboxExit {
-			return belay.SandboxExit{ExitCode: 1, Files: bundleFiles(t, completedBundle(sb.spec.RunID), goodPatch)}
+			return sb.upload(belay.SandboxExit{ExitCode: 1}, bundleFiles(t, completedBundle(sb.spec.RunID), goodPatch))
 		}, belay.StatusFailed, orchestrator.ReasonTimeout},
 	}
 	for _, tt := range tests {
@@ -130,7 +130,7 @@ func TestStopGraceKeepsTheSandboxVerdict(t *testing.T) {
 	const id = "run-grace-killed"
 	h.createRun(t, id, testRequest(t, 1), plan{script: func(sb *fakeSandbox) belay.SandboxExit {
 		<-sb.stopped
-		return belay.SandboxExit{ExitCode: -1, Signaled: true, Files: bundleFiles(t, failed(sb.spec.RunID), "")}
+		return sb.upload(belay.SandboxExit{ExitCode: -1, Signaled: true}, bundleFiles(t, failed(sb.spec.RunID), ""))
 	}})
 	if err := h.orch.Submit(t.Context(), id); err != nil {
 		t.Fatalf("Submit: %v", err)

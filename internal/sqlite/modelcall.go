@@ -38,7 +38,7 @@ var (
 	usageSQL   = `UPDATE runs SET model_requests = model_requests + ?, prompt_tokens = prompt_tokens + ?,
 		completion_tokens = completion_tokens + ?, last_seq = last_seq + (status NOT IN ` + terminalSQL + `)
 		WHERE id = ? RETURNING status, last_seq`
-	insertEventSQL = `INSERT INTO events (run_id, seq, time, type, data) VALUES (?, ?, ?, ?, ?)`
+	insertEventSQL = `INSERT INTO events (run_id, seq, time, type, source, data) VALUES (?, ?, ?, ?, '` + belay.SourceControl + `', ?)`
 	trimEventsSQL  = `DELETE FROM events WHERE run_id = ? AND seq <= ?`
 )
 

@@ -58,7 +58,7 @@ func testModelCalls(t *testing.T, open opener) {
 		want := slices.Clone(log.Events[:2])
 		for i, left := range []int{2, 1, 0} {
 			in := belay.ModelRequestEvent(at(20+i), testCall, left)
-			want = append(want, belay.Event{Seq: int64(3 + i), Time: in.Time, Type: in.Type, Data: in.Data})
+			want = append(want, belay.Event{Seq: int64(3 + i), Time: in.Time, Type: in.Type, Source: belay.SourceControl, Data: in.Data})
 		}
 		sameEvents(t, "log after three spends", log.Events, want)
 		if got := mustGet(t, s, run.ID); got.LastSeq != 5 {
@@ -141,7 +141,7 @@ func testModelCalls(t *testing.T, open opener) {
 		}
 		log := allEvents(t, s, run.ID)
 		in := responseEvent(21)
-		sameEvents(t, "the response event", log.Events[3:], []belay.Event{{Seq: 4, Time: in.Time, Type: in.Type, Data: in.Data}})
+		sameEvents(t, "the response event", log.Events[3:], []belay.Event{{Seq: 4, Time: in.Time, Type: in.Type, Source: belay.SourceControl, Data: in.Data}})
 
 		// A malformed event adds nothing, not even the usage.
 		before, beforeLog := mustGet(t, s, run.ID), allEvents(t, s, run.ID)
