@@ -61,8 +61,12 @@ type Config struct {
 	// Model is the one model runs may use.
 	Model string
 	// ModelAPIURL is the OpenAI-compatible chat-completions endpoint:
-	// https, or plain http to a loopback address.
+	// https, or plain http to a loopback address. With another
+	// Provider.Kind it is that provider's URL (see ProviderConfig).
 	ModelAPIURL string
+	// Provider chooses the model provider: OpenAI-compatible (the zero
+	// value), Anthropic or Bedrock.
+	Provider ProviderConfig
 	// ModelAPIKey is the provider key, or ModelAPIKeyFile a 0600 file
 	// holding it (re-read when the upstream refuses it). Not both.
 	ModelAPIKey     string
@@ -126,6 +130,7 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		SandboxDir:      get(EnvSandboxDir),
 		ScriptedModel:   get(EnvScriptedModel),
 		Storage:         storageConfigFromEnv(get),
+		Provider:        providerConfigFromEnv(get),
 	}
 }
 

@@ -21,9 +21,11 @@ package modelprovider
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -73,29 +75,47 @@ func (c *Config) Check() error {
 	if c.Provider == "" {
 		c.Provider = upstream.KindOpenAI
 	}
-	switch c.Provider {
-	case upstream.KindOpenAI:
-		if c.URL == "" {
-			return fmt.Errorf("%s is not set: give the OpenAI-compatible chat-completions URL", EnvAPIURL)
-		}
-		if err := upstream.ValidateChatURL(c.URL, c.AllowLoopbackHTTP); err != nil {
-			return fmt.Errorf("%s: %w", EnvAPIURL, err)
-		}
-	case upstream.KindAnthropic:
-		if err := upstream.ValidateBaseURL(anthropic.BaseURL(c.URL), c.AllowLoopbackHTTP); err != nil {
-			return fmt.Errorf("%s (the Anthropic API's base URL): %w", EnvAPIURL, err)
-		}
-	case upstream.KindBedrock:
-		if c.URL != "" {
-			if err := upstream.ValidateBaseURL(c.URL, c.AllowLoopbackHTTP); err != nil {
-				return fmt.Errorf("%s (the Bedrock runtime endpoint): %w", EnvAPIURL, err)
-			}
-		}
-	default:
-		return fmt.Errorf("%s is %q; want one of %s", EnvProvider, c.Provider, strings.Join(upstream.Kinds, ", "))
+	if err := CheckKind(c.Provider); err != nil {
+		return fmt.Errorf("%s: %w", EnvProvider, err)
+	}
+	if err := CheckURL(c.Provider, c.URL, c.AllowLoopbackHTTP); err != nil {
+		return fmt.Errorf("%s: %w", EnvAPIURL, err)
 	}
 	if c.Region != "" && c.Provider != upstream.KindBedrock {
 		return fmt.Errorf("%s is set but the provider is %s; it is for %s=%s", EnvBedrockRegion, c.Provider, EnvProvider, upstream.KindBedrock)
+	}
+	return nil
+}
+
+// CheckKind checks a provider kind.
+func CheckKind(kind string) error {
+	if slices.Contains(upstream.Kinds, kind) {
+		return nil
+	}
+	return fmt.Errorf("%q is not a provider; want one of %s", kind, strings.Join(upstream.Kinds, ", "))
+}
+
+// CheckURL checks the URL of a provider kind: for openai the
+// chat-completions URL (required); for anthropic the API's base URL
+// (optional); for bedrock the runtime endpoint (optional).
+func CheckURL(kind, raw string, allowLoopbackHTTP bool) error {
+	switch kind {
+	case upstream.KindOpenAI:
+		if raw == "" {
+			return errors.New("is not set: give the OpenAI-compatible chat-completions URL")
+		}
+		return upstream.ValidateChatURL(raw, allowLoopbackHTTP)
+	case upstream.KindAnthropic:
+		if err := upstream.ValidateBaseURL(anthropic.BaseURL(raw), allowLoopbackHTTP); err != nil {
+			return fmt.Errorf("the Anthropic API's base URL: %w", err)
+		}
+	case upstream.KindBedrock:
+		if raw == "" {
+			return nil
+		}
+		if err := upstream.ValidateBaseURL(raw, allowLoopbackHTTP); err != nil {
+			return fmt.Errorf("the Bedrock runtime endpoint: %w", err)
+		}
 	}
 	return nil
 }
