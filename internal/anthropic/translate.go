@@ -98,7 +98,13 @@ func inputSchema(raw json.RawMessage, field string) (sdk.ToolInputSchemaParam, e
 	if t, ok := m["type"]; ok && t != "object" {
 		return sdk.ToolInputSchemaParam{}, upstream.Invalid(field+".type", "must be \"object\": Anthropic takes an object as a tool's input")
 	}
-	s := sdk.ToolInputSchemaParam{Properties: m["properties"]}
+	// A schema without properties still needs its object: the SDK leaves
+	// out an input_schema that is all zero, and the API requires one.
+	props := m["properties"]
+	if props == nil {
+		props = map[string]any{}
+	}
+	s := sdk.ToolInputSchemaParam{Properties: props}
 	if req, ok := m["required"].([]any); ok {
 		for _, r := range req {
 			name, ok := r.(string)

@@ -1,8 +1,10 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -77,6 +79,22 @@ var ErrAnswerTooLarge = errors.New("upstream: the answer is larger than the limi
 type trackingTransport struct{ next http.RoundTripper }
 
 func (t *trackingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	// The body goes out from a copy in memory (at most the proxy's request
+	// cap). The AWS SDK closes the request body as soon as the answer's
+	// headers are in, while net/http may still read it once more to check
+	// its length; a close then cuts the connection in the middle of the
+	// answer. The copy is never closed under the transport.
+	if req.Body != nil && req.Body != http.NoBody {
+		body, err := io.ReadAll(req.Body)
+		_ = req.Body.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read the request body: %w", err)
+		}
+		req = req.Clone(req.Context())
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		req.ContentLength = int64(len(body))
+	}
 	resp, err := t.next.RoundTrip(req)
 	x, ok := req.Context().Value(exchangeKey{}).(*Exchange)
 	if err != nil || !ok {
