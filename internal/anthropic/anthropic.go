@@ -105,7 +105,7 @@ func (p *Provider) Complete(ctx context.Context, call upstream.Call) ([]byte, er
 		err = errors.New("empty key")
 	}
 	if err != nil {
-		return nil, upstream.KeyUnavailable("the model provider key", err)
+		return nil, upstream.KeyUnavailable(upstream.MsgKeyUnavailable, err)
 	}
 	opts := []option.RequestOption{option.WithAPIKey(key)}
 	if d, ok := ctx.Deadline(); ok {

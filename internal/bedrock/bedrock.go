@@ -32,6 +32,10 @@ import (
 // SigningName is the SigV4 service name of Bedrock's runtime API.
 const SigningName = "bedrock"
 
+// msgNoCredentials is the caller's message when no AWS credentials could be
+// had; the log gets why.
+const msgNoCredentials = "the AWS credentials for Bedrock are unavailable"
+
 // Config configures the provider.
 type Config struct {
 	// Region is the AWS region of the Bedrock runtime; when empty, the AWS
@@ -131,14 +135,14 @@ func (p *Provider) Complete(ctx context.Context, call upstream.Call) ([]byte, er
 	// The credentials first, so a missing role or chain is said as such
 	// (nothing is sent without them); the SDK then reuses the cached set.
 	if p.creds == nil {
-		return nil, upstream.KeyUnavailable("the AWS credentials for Bedrock", errors.New("no credentials provider"))
+		return nil, upstream.KeyUnavailable(msgNoCredentials, errors.New("no credentials provider"))
 	}
 	creds, err := p.creds.Retrieve(ctx)
 	if err != nil {
-		return nil, upstream.KeyUnavailable("the AWS credentials for Bedrock", err)
+		return nil, upstream.KeyUnavailable(msgNoCredentials, err)
 	}
 	if creds.AccessKeyID == "" || creds.SecretAccessKey == "" {
-		return nil, upstream.KeyUnavailable("the AWS credentials for Bedrock", errors.New("anonymous or empty credentials"))
+		return nil, upstream.KeyUnavailable(msgNoCredentials, errors.New("anonymous or empty credentials"))
 	}
 	limit := call.Limit()
 	tracked, x := upstream.Track(ctx, limit)

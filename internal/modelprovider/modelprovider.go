@@ -159,6 +159,10 @@ type Deps struct {
 	Logger *slog.Logger
 	// Now is the clock of the key cache and the answers; nil is time.Now.
 	Now func() time.Time
+	// AllowLoopbackHTTP lets FromEnv accept plain http to a loopback host
+	// (a function run locally under the Lambda emulator, against a test
+	// server); never on AWS.
+	AllowLoopbackHTTP bool
 }
 
 // New checks cfg and builds its provider.
@@ -200,9 +204,11 @@ func New(ctx context.Context, cfg Config, deps Deps) (upstream.Provider, error) 
 // FromEnv reads the configuration through lookup and builds its provider:
 // the constructor of the modelproxy Lambda, which passes its key source
 // (nil for Bedrock: ask Config.UsesKey first) and, for Bedrock, its AWS
-// configuration. On AWS, plain http is never allowed.
+// configuration. Plain http, even to loopback, only with
+// deps.AllowLoopbackHTTP.
 func FromEnv(ctx context.Context, lookup func(string) (string, bool), deps Deps) (upstream.Provider, Config, error) {
 	cfg := ConfigFromEnv(lookup)
+	cfg.AllowLoopbackHTTP = deps.AllowLoopbackHTTP
 	if err := cfg.Check(); err != nil {
 		return nil, cfg, err
 	}

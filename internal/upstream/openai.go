@@ -54,7 +54,7 @@ func (p *OpenAI) Complete(ctx context.Context, call Call) ([]byte, error) {
 	}
 	if err != nil {
 		// The key source's error names a file or a secret, not the key.
-		return nil, KeyUnavailable("the model provider key", err)
+		return nil, KeyUnavailable(MsgKeyUnavailable, err)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.URL, bytes.NewReader(call.Body))
 	if err != nil {

@@ -122,10 +122,13 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // KeyUnavailable is the error of a call that could not get its credential;
-// what names the credential ("the model provider key").
-func KeyUnavailable(what string, err error) *Error {
-	return &Error{Kind: ErrKeyUnavailable, Message: what + " is unavailable", Err: err}
+// message says which ("the model provider key is unavailable").
+func KeyUnavailable(message string, err error) *Error {
+	return &Error{Kind: ErrKeyUnavailable, Message: message, Err: err}
 }
+
+// MsgKeyUnavailable is the message of a provider key that could not be had.
+const MsgKeyUnavailable = "the model provider key is unavailable"
 
 // Unreachable is the error of a call that got no answer.
 func Unreachable(err error) *Error {
