@@ -717,10 +717,3 @@ func doURL(tb testing.TB, method, url, bearer string, body []byte) answer {
 	b, _ := io.ReadAll(resp.Body)
 	return answer{status: resp.StatusCode, header: resp.Header, body: b}
 }
-
-// authHeaders returns the Authorization header of every upstream call.
-func (u *upstream) authHeaders() []string {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return append([]string(nil), u.auths...)
-}

@@ -82,7 +82,7 @@ type converseBlock struct {
 
 func parseBedrock(r *http.Request, body []byte) (parsed, error) {
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
-		return parsed{}, errors.New("Content-Type must be application/json")
+		return parsed{}, errors.New("the Content-Type must be application/json")
 	}
 	var req converseRequest
 	if err := json.Unmarshal(body, &req); err != nil {
@@ -109,7 +109,7 @@ func parseBedrock(r *http.Request, body []byte) (parsed, error) {
 	var msgs []Message
 	for i, s := range req.System {
 		if s.Text == nil || strings.TrimSpace(*s.Text) == "" {
-			return p, fmt.Errorf("The text field in the SystemContentBlock object at system.%d is blank", i)
+			return p, fmt.Errorf("the text field in the SystemContentBlock object at system.%d is blank", i)
 		}
 		msgs = append(msgs, Message{Role: "system", Content: *s.Text})
 	}
@@ -122,7 +122,7 @@ func parseBedrock(r *http.Request, body []byte) (parsed, error) {
 			want = "assistant"
 		}
 		if m.Role != want {
-			return p, errors.New("A conversation must start with a user message and alternate between user and assistant roles")
+			return p, errors.New("a conversation must start with a user message and alternate between user and assistant roles")
 		}
 		if len(m.Content) == 0 {
 			return p, fmt.Errorf("messages.%d.content: must not be empty", i)
@@ -138,7 +138,7 @@ func parseBedrock(r *http.Request, body []byte) (parsed, error) {
 			switch {
 			case b.Text != nil:
 				if strings.TrimSpace(*b.Text) == "" {
-					return p, fmt.Errorf("The text field in the ContentBlock object at messages.%d.content.%d is blank", i, j)
+					return p, fmt.Errorf("the text field in the ContentBlock object at messages.%d.content.%d is blank", i, j)
 				}
 				msg.Content += *b.Text
 			case b.ToolUse != nil:
@@ -167,7 +167,7 @@ func parseBedrock(r *http.Request, body []byte) (parsed, error) {
 					case len(c.JSON) > 0:
 						text.Write(c.JSON)
 					default:
-						return p, fmt.Errorf("The text field in the ToolResultContentBlock object at messages.%d.content.%d.toolResult.content.%d is blank", i, j, k)
+						return p, fmt.Errorf("the text field in the ToolResultContentBlock object at messages.%d.content.%d.toolResult.content.%d is blank", i, j, k)
 					}
 				}
 				answered = append(answered, tr.ToolUseID)
@@ -176,7 +176,7 @@ func parseBedrock(r *http.Request, body []byte) (parsed, error) {
 		}
 		if m.Role == "user" {
 			if missing := without(prevToolUses, answered); len(missing) > 0 {
-				return p, fmt.Errorf("Expected toolResult blocks at messages.%d.content for the following Ids: %s", i, strings.Join(missing, ", "))
+				return p, fmt.Errorf("expected toolResult blocks at messages.%d.content for the following Ids: %s", i, strings.Join(missing, ", "))
 			}
 			msgs = append(msgs, tail...)
 			if msg.Content != "" {
@@ -188,7 +188,7 @@ func parseBedrock(r *http.Request, body []byte) (parsed, error) {
 		prevToolUses = toolUses
 	}
 	if usesTools && req.ToolConfig == nil {
-		return p, errors.New("The toolConfig field must be defined when using toolUse and toolResult content blocks")
+		return p, errors.New("the toolConfig field must be defined when using toolUse and toolResult content blocks")
 	}
 	p.messages = msgs
 	return p, nil

@@ -221,7 +221,7 @@ func TestBedrockFormat(t *testing.T) {
 		{"toolUse unanswered", `{"messages":[{"role":"user","content":[{"text":"a"}]},
 			{"role":"assistant","content":[{"toolUse":{"toolUseId":"t1","name":"f","input":{}}},{"toolUse":{"toolUseId":"t2","name":"f","input":{}}}]},
 			{"role":"user","content":[{"toolResult":{"toolUseId":"t1","content":[{"text":"r"}]}}]}],
-			"toolConfig":{"tools":[{"toolSpec":{"name":"f","inputSchema":{"json":{"type":"object"}}}}]}}`, "Expected toolResult blocks"},
+			"toolConfig":{"tools":[{"toolSpec":{"name":"f","inputSchema":{"json":{"type":"object"}}}}]}}`, "expected toolResult blocks"},
 		{"tool blocks without toolConfig", `{"messages":[{"role":"user","content":[{"text":"a"}]},
 			{"role":"assistant","content":[{"toolUse":{"toolUseId":"t1","name":"f","input":{}}}]},
 			{"role":"user","content":[{"toolResult":{"toolUseId":"t1","content":[{"text":"r"}]}}]}]}`, "toolConfig"},

@@ -69,7 +69,7 @@ func TestHTTPClientTracksAndCaps(t *testing.T) {
 		t.Errorf("redirect: %v status %d; want the 302 itself, not followed", err, x.Status())
 	}
 	for range 20 {
-		x, got, err = post("/big", 1<<20)
+		_, got, err = post("/big", 1<<20)
 		if err != nil || len(got) != len(big) {
 			t.Fatalf("big answer under the cap: %d bytes, %v", len(got), err)
 		}
