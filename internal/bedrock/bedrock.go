@@ -96,10 +96,16 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		cfg.Now = time.Now
 	}
 	p := &Provider{creds: ac.Credentials, region: ac.Region, now: cfg.Now}
+	base := cfg.Client
+	if bc, ok := ac.HTTPClient.(*awshttp.BuildableClient); ok && base == nil {
+		// The configuration's transport carries AWS_CA_BUNDLE and the
+		// proxy settings; keep them under the provider's tracking.
+		base = &http.Client{Transport: bc.GetTransport(), Timeout: bc.GetTimeout()}
+	}
 	p.client = bedrockruntime.NewFromConfig(ac, func(o *bedrockruntime.Options) {
-		// Set per service: a process-wide AWS_CA_BUNDLE would otherwise
-		// fight a client given to the configuration.
-		o.HTTPClient = upstream.NewHTTPClient(cfg.Client)
+		// Set per service, never on the configuration: with AWS_CA_BUNDLE
+		// set, a client given to the configuration is refused.
+		o.HTTPClient = upstream.NewHTTPClient(base)
 		// One attempt, whatever AWS_MAX_ATTEMPTS or a profile says.
 		o.Retryer = aws.NopRetryer{}
 		o.RetryMaxAttempts = 0
