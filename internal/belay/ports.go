@@ -152,6 +152,7 @@ type Store interface {
 	ApprovalStore
 	ClaimStore
 	CheckpointStore
+	ModelCallStore
 }
 
 // ArtifactInfo names one stored artifact and its size in bytes.

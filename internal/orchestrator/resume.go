@@ -57,18 +57,18 @@ func SandboxLost(exit belay.SandboxExit, files map[string][]byte, waitErr error)
 // (lostReason) resumes on a new sandbox at now, with at most maxResumes
 // resumes (Attempt-1 done so far). It does not when its cancel was
 // requested, when less than belay.MinResumeTime is left before its
-// deadline, when its latest checkpoint is marked unresumable, or when its
+// deadline (belay.Run.Deadline, the same for every attempt), when its latest checkpoint is marked unresumable, or when its
 // resumes are used up; reason is then what the run fails with, naming the
 // attempts. maxResumes below 1 never resumes, and reason is lostReason
 // itself.
 func DecideResume(run belay.Run, lostReason string, maxResumes int, now time.Time) (resume bool, reason string) {
-	deadline := run.StartedAt.Add(time.Duration(run.Request.WallTimeSeconds) * time.Second)
+	deadline := run.Deadline()
 	switch {
 	case maxResumes < 1:
 		return false, lostReason
 	case run.Status != belay.StatusRunning || run.CancelRequested:
 		return false, lostReason
-	case !run.StartedAt.IsZero() && deadline.Sub(now) < belay.MinResumeTime:
+	case !deadline.IsZero() && deadline.Sub(now) < belay.MinResumeTime:
 		return false, fmt.Sprintf("%s on attempt %d, with too little of the run's wall time left to resume", lostReason, run.Attempt)
 	case run.Checkpoint != nil && !run.Checkpoint.Resumable():
 		return false, fmt.Sprintf("%s on attempt %d; its last checkpoint cannot be resumed from: %s", lostReason, run.Attempt, run.Checkpoint.Unresumable)
