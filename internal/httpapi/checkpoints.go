@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -41,12 +42,18 @@ func (s *Server) handlePutCheckpoint(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	var c wire.Checkpoint
+	// What the control plane reads of it; the agent's state and the
+	// workspace change are checked for JSON, not built.
+	var c struct {
+		wire.Checkpoint
+		Agent     json.RawMessage `json:"agent,omitempty"`
+		Workspace json.RawMessage `json:"workspace"`
+	}
 	if err := decodeStrict(body, &c); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := checkCheckpoint(c, id, seq); err != nil {
+	if err := checkCheckpoint(c.Checkpoint, id, seq); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

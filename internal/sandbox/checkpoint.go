@@ -206,7 +206,9 @@ func (c *Checkpointer) save(ctx context.Context, s agent.State, agentState []byt
 			return
 		}
 		cp.Agent, cp.Workspace = agentState, change
-		if body, err = json.Marshal(cp); err != nil {
+		// The change is encoded once: its bytes are both what is hashed
+		// and what is sent.
+		if body, err = json.Marshal(encodedCheckpoint{cp, work}); err != nil {
 			c.log.Error("encode the checkpoint", "err", err)
 			return
 		}
@@ -382,4 +384,11 @@ func unwrapURLError(err error) error {
 		return ue.Err
 	}
 	return err
+}
+
+// encodedCheckpoint is a wire.Checkpoint whose workspace change is
+// already encoded.
+type encodedCheckpoint struct {
+	wire.Checkpoint
+	Workspace json.RawMessage `json:"workspace"`
 }
