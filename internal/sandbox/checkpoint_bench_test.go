@@ -211,4 +211,3 @@ func (cp *controlPlane) latest(tb testing.TB, runID string) wire.Checkpoint {
 	}
 	return c
 }
-
