@@ -230,7 +230,7 @@ func seedRun(tb testing.TB, st belay.Store, id string) belay.Run {
 func startRun(tb testing.TB, st belay.Store, id string) {
 	tb.Helper()
 	now := time.Now().UTC()
-	if _, err := st.Transition(tb.Context(), id, belay.Transition{To: belay.StatusRunning, At: now,
+	if _, err := st.Transition(tb.Context(), id, belay.Transition{To: belay.StatusRunning, At: now, Attempt: 1,
 		Events: []belay.EventInput{{Time: now, Type: belay.EventRunStarted, Data: json.RawMessage(`{}`)}}}); err != nil {
 		tb.Fatal(err)
 	}
@@ -297,4 +297,12 @@ func printMeasurements() {
 	for name, d := range measurements.init {
 		fmt.Printf("init duration under the emulator: %-10s %6.1f ms\n", name, float64(d)/float64(time.Millisecond))
 	}
+}
+
+func mustNow() time.Time { return time.Now().UTC() }
+
+// outputName is where the sandbox's upload of an output lands for an
+// attempt, before validation.
+func outputName(attempt int, name string) string {
+	return fmt.Sprintf("sandbox-%d-%s", attempt, name)
 }
