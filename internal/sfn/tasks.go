@@ -3,10 +3,10 @@ package sfn
 import (
 	"context"
 	"crypto/rand"
-	"io"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
