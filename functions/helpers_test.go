@@ -300,9 +300,3 @@ func printMeasurements() {
 }
 
 func mustNow() time.Time { return time.Now().UTC() }
-
-// outputName is where the sandbox's upload of an output lands for an
-// attempt, before validation.
-func outputName(attempt int, name string) string {
-	return fmt.Sprintf("sandbox-%d-%s", attempt, name)
-}

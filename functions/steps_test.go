@@ -51,7 +51,7 @@ func putOutputs(tb testing.TB, p peers, runID string, attempt int) {
 		"result.json": bundle, "patch.diff": []byte(goodPatch),
 		"transcript.jsonl": []byte(`{"type":"model.response","step":1}` + "\n"),
 	} {
-		if err := p.artifacts.PutArtifact(tb.Context(), runID, outputName(attempt, name), content); err != nil {
+		if err := p.artifacts.PutArtifact(tb.Context(), runID, belay.StagedOutputName(attempt, name), content); err != nil {
 			tb.Fatal(err)
 		}
 	}

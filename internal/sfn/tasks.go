@@ -214,13 +214,14 @@ func (t *Tasks) validate(ctx context.Context, req TaskRequest) (Outcome, error) 
 	if err != nil {
 		return Outcome{}, fmt.Errorf("validate run %s: %w", req.RunID, err)
 	}
-	exit, waitErr := ExitOf(req.Task, req.Error)
-	files, err := t.outputs(ctx, run, req.Attempt)
-	if err != nil {
-		return Outcome{}, fmt.Errorf("validate run %s: %w", req.RunID, err)
+	if req.Attempt != 0 && req.Attempt != run.Attempt {
+		// The run moved on (a resume) since this state's input was made;
+		// the run's own attempt is the one whose outputs count.
+		t.log.Warn("validate: the state's attempt is not the run's", "run_id", run.ID, "state_attempt", req.Attempt, "run_attempt", run.Attempt)
 	}
-	exit.Files = files
-	out := orchestrator.Validate(run, exit, waitErr)
+	exit, waitErr := ExitOf(req.Task, req.Error)
+	files := orchestrator.ReadOutputs(ctx, t.artifacts, run, t.log.With("run_id", run.ID))
+	out := orchestrator.Validate(run, exit, files, waitErr)
 	res := Outcome{Status: out.Status, Reason: out.Reason, ExitCode: out.ExitCode, Checks: out.Checks, ChangedFiles: out.ChangedFiles}
 	for _, name := range belay.ArtifactNames {
 		content, ok := out.Files[name]
@@ -235,28 +236,6 @@ func (t *Tasks) validate(ctx context.Context, req TaskRequest) (Outcome, error) 
 	}
 	t.log.Info("run validated", "run_id", run.ID, "status", res.Status, "reason", res.Reason)
 	return res, nil
-}
-
-// outputs reads what the sandbox of the attempt uploaded, by name; an
-// output it did not upload is left out (validation then says what is
-// missing).
-func (t *Tasks) outputs(ctx context.Context, run belay.Run, attempt int) (map[string][]byte, error) {
-	files := make(map[string][]byte)
-	for _, name := range belay.ArtifactNames {
-		content, err := t.artifacts.GetArtifact(ctx, run.ID, stagingName(attempt, name))
-		if belay.IsCode(err, belay.CodeNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read output %s: %w", name, err)
-		}
-		files[name] = content
-	}
-	return files, nil
-}
-
-func stagingName(attempt int, name string) string {
-	return fmt.Sprintf("sandbox-%d-%s", attempt, name)
 }
 
 // activate starts the run's first attempt: it moves the queued run to
