@@ -432,7 +432,6 @@ func costReport(inv map[string]int, read, write float64, calls int, run belay.Ru
 	return b.String()
 }
 
-
 func copyFile(src, dst string, perm os.FileMode) error {
 	b, err := os.ReadFile(src)
 	if err != nil {
