@@ -35,11 +35,10 @@ import (
 // ReturnConsumedCapacity TOTAL on every call and adds up what DynamoDB
 // Local reports, by operation, as read or write units.
 type capacityMeter struct {
-	mu     sync.Mutex
-	read   float64
-	write  float64
-	calls  map[string]int
-	byFunc map[string]float64
+	mu    sync.Mutex
+	read  float64
+	write float64
+	calls map[string]int
 }
 
 var readOps = map[string]bool{"GetItem": true, "Query": true, "Scan": true, "BatchGetItem": true, "TransactGetItems": true}
@@ -51,9 +50,11 @@ func startMeter(tb testing.TB, target string) (*capacityMeter, string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	proxy := httputil.NewSingleHostReverseProxy(u)
-	proxy.Director = func(r *http.Request) {
-		r.URL.Scheme, r.URL.Host, r.Host = u.Scheme, u.Host, u.Host
+	proxy := &httputil.ReverseProxy{}
+	proxy.Rewrite = func(pr *httputil.ProxyRequest) {
+		pr.SetURL(u)
+		pr.Out.Host = u.Host
+		r := pr.Out
 		body, _ := io.ReadAll(r.Body)
 		var doc map[string]any
 		if json.Unmarshal(body, &doc) == nil {
