@@ -142,8 +142,7 @@ func Start(tb testing.TB, function string, env map[string]string) *Function {
 	f.cmd = cmd
 	go func() { _ = cmd.Wait(); close(f.done) }()
 	tb.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-f.done
+		f.Stop()
 		if tb.Failed() {
 			tb.Logf("%s's emulator log:\n%s", function, f.Logs())
 		}
@@ -165,6 +164,12 @@ func Start(tb testing.TB, function string, env map[string]string) *Function {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Stop kills the emulator and its function, and waits for them.
+func (f *Function) Stop() {
+	_ = f.cmd.Process.Kill()
+	<-f.done
 }
 
 // freeAddr returns a loopback address with a port free a moment ago.
