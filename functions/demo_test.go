@@ -215,7 +215,13 @@ func TestDemoRun(t *testing.T) {
 		skip("/usr/bin/python3 has no pytest (apt-get install python3-pytest); the run's check needs it")
 	}
 	p := startPeers(t)
-	meter, ddb := startMeter(t, p.dynamoURL)
+	// One meter per function, so the report says who spends what.
+	meters := map[string]*capacityMeter{}
+	meterFor := func(fn string) string {
+		m, url := startMeter(t, p.dynamoURL)
+		meters[fn] = m
+		return url
+	}
 	script, err := scriptedmodel.LoadScript("../examples/sessions/fix-calc.json")
 	if err != nil {
 		t.Fatal(err)
@@ -232,20 +238,20 @@ func TestDemoRun(t *testing.T) {
 	})
 	cluster := awstest.New(t, awstest.ECS)
 
-	env := func(extra map[string]string) map[string]string {
-		e := p.env(map[string]string{"BELAY_AWS_ENDPOINT": ddb})
+	env := func(fn string, extra map[string]string) map[string]string {
+		e := p.env(map[string]string{"BELAY_AWS_ENDPOINT": meterFor(fn)})
 		for k, v := range extra {
 			e[k] = v
 		}
 		return e
 	}
-	api := rie.Start(t, "api", env(map[string]string{"BELAY_TOKEN": controlToken, "BELAY_STATE_MACHINE_ARN": stateMachine,
+	api := rie.Start(t, "api", env("api", map[string]string{"BELAY_TOKEN": controlToken, "BELAY_STATE_MACHINE_ARN": stateMachine,
 		"BELAY_CLUSTER_ARN": clusterARN, "BELAY_SFN_ENDPOINT": states.URL, "BELAY_ECS_ENDPOINT": cluster.URL}))
-	stream := rie.Start(t, "stream", env(map[string]string{"BELAY_TOKEN": controlToken}))
-	steps := rie.Start(t, "steps", env(map[string]string{"BELAY_CLUSTER_ARN": clusterARN, "BELAY_ECS_ENDPOINT": cluster.URL}))
+	stream := rie.Start(t, "stream", env("stream", map[string]string{"BELAY_TOKEN": controlToken}))
+	steps := rie.Start(t, "steps", env("steps", map[string]string{"BELAY_CLUSTER_ARN": clusterARN, "BELAY_ECS_ENDPOINT": cluster.URL}))
 	gw := &gateway{tb: t, invocations: map[string]int{},
-		sandboxapi: rie.Start(t, "sandboxapi", env(map[string]string{"BELAY_SIGNING_KEY": signingKey})),
-		modelproxy: rie.Start(t, "modelproxy", env(map[string]string{
+		sandboxapi: rie.Start(t, "sandboxapi", env("sandboxapi", map[string]string{"BELAY_SIGNING_KEY": signingKey})),
+		modelproxy: rie.Start(t, "modelproxy", env("modelproxy", map[string]string{
 			"BELAY_SIGNING_KEY": signingKey, "BELAY_MODEL_API_KEY": "sk-scripted-" + randomHex(8),
 			"BELAY_MODEL_API_URL": model.URL + "/v1/chat/completions", "SSL_CERT_FILE": certFile,
 		}))}
@@ -270,6 +276,7 @@ func TestDemoRun(t *testing.T) {
 		t.Fatalf("create: %d %s", resp.StatusCode, resp.Body)
 	}
 	id := created.RunID
+	followStart := time.Now()
 
 	// A reader follows the run's events through stream, from the start.
 	followed := make(chan []byte, 1)
@@ -369,6 +376,7 @@ func TestDemoRun(t *testing.T) {
 
 	select {
 	case body := <-followed:
+		t.Logf("the follower's stream lasted %v", time.Since(followStart).Round(time.Millisecond))
 		sse, err := rie.ParseStreamed(body)
 		if err != nil || !strings.Contains(string(sse.Body), "event: run.completed") {
 			t.Fatalf("the follower's stream did not end with run.completed: %v\n%s", err, body)
@@ -379,9 +387,8 @@ func TestDemoRun(t *testing.T) {
 	for k, v := range gw.invocations {
 		invocations[k] += v
 	}
-	read, write, calls := meter.snapshot()
 	stored, _ := p.store.GetRun(t.Context(), id)
-	report := costReport(invocations, read, write, calls, stored, meter)
+	report := costReport(invocations, stored, meters, time.Since(followStart))
 	if os.Getenv("BELAY_PRINT_COST") != "" {
 		fmt.Print(report)
 	}
@@ -404,36 +411,36 @@ const (
 	stateTransitions = 5
 )
 
-func costReport(inv map[string]int, read, write float64, calls int, run belay.Run, m *capacityMeter) string {
+func costReport(inv map[string]int, run belay.Run, meters map[string]*capacityMeter, followed time.Duration) string {
 	var b strings.Builder
-	names := make([]string, 0, len(inv))
-	total := 0
-	for k, v := range inv {
+	names := make([]string, 0, len(meters))
+	for k := range meters {
 		names = append(names, k)
-		total += v
 	}
 	sort.Strings(names)
-	fmt.Fprintf(&b, "demo run %s: %s, %d model requests\n", run.ID, run.Status, run.Usage.ModelRequests)
-	fmt.Fprintf(&b, "  DynamoDB: %d calls, %.1f read units, %.1f write units\n", calls, read, write)
-	m.mu.Lock()
-	ops := make([]string, 0, len(m.calls))
-	for op, n := range m.calls {
-		ops = append(ops, fmt.Sprintf("%s %d", op, n))
-	}
-	m.mu.Unlock()
-	sort.Strings(ops)
-	fmt.Fprintf(&b, "    by operation: %s\n", strings.Join(ops, ", "))
-	parts := make([]string, 0, len(names))
+	fmt.Fprintf(&b, "demo run %s: %s, %d model requests, followed for %v\n", run.ID, run.Status, run.Usage.ModelRequests, followed.Round(time.Millisecond))
+	var read, write float64
+	var calls, total int
 	for _, n := range names {
-		parts = append(parts, fmt.Sprintf("%s %d", n, inv[n]))
+		r, w, c := meters[n].snapshot()
+		read, write, calls, total = read+r, write+w, calls+c, total+inv[n]
+		meters[n].mu.Lock()
+		ops := make([]string, 0, len(meters[n].calls))
+		for op, k := range meters[n].calls {
+			ops = append(ops, fmt.Sprintf("%s %d", op, k))
+		}
+		meters[n].mu.Unlock()
+		sort.Strings(ops)
+		fmt.Fprintf(&b, "  %-10s %2d invocations, DynamoDB %3d calls, %6.1f read units, %6.1f write units (%s)\n",
+			n, inv[n], c, r, w, strings.Join(ops, ", "))
 	}
-	fmt.Fprintf(&b, "  Lambda invocations: %d (%s)\n", total, strings.Join(parts, ", "))
+	fmt.Fprintf(&b, "  total      %2d invocations, DynamoDB %3d calls, %6.1f read units, %6.1f write units; %d state transitions\n",
+		total, calls, read, write, stateTransitions)
 	rest := inv["api"] + inv["stream"] + inv["sandboxapi"] + inv["modelproxy"]
-	fmt.Fprintf(&b, "  Step Functions state transitions: %d\n", stateTransitions)
-	cost := read*priceRRU + write*priceWRU
-	fmt.Fprintf(&b, "  cost: DynamoDB $%.7f + Lambda requests $%.7f + transitions $%.7f + REST API requests $%.7f = $%.6f (Lambda GB-seconds and Fargate not included)\n",
-		cost, float64(total)*priceInvocation, stateTransitions*priceTransition, float64(rest)*priceRESTCall,
-		cost+float64(total)*priceInvocation+stateTransitions*priceTransition+float64(rest)*priceRESTCall)
+	ddb := read*priceRRU + write*priceWRU
+	fmt.Fprintf(&b, "  cost: DynamoDB $%.7f + Lambda requests $%.7f + state transitions $%.7f + REST API requests $%.7f = $%.6f (Lambda GB-seconds, S3 and Fargate not included)\n",
+		ddb, float64(total)*priceInvocation, stateTransitions*priceTransition, float64(rest)*priceRESTCall,
+		ddb+float64(total)*priceInvocation+stateTransitions*priceTransition+float64(rest)*priceRESTCall)
 	return b.String()
 }
 
