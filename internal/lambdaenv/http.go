@@ -43,7 +43,7 @@ const placeholderUpstream = "https://modelproxy.invalid/chat/completions"
 
 // HTTP builds the shared http.Handler for a function from parts and the
 // environment (EnvModel; EnvModelAPIURL and EnvModelTimeoutSeconds for the
-// model proxy).
+// model proxy; EnvSandboxEvents and EnvSandboxEventBytes for event append).
 func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 	limits, err := e.Limits()
 	if err != nil {
@@ -77,6 +77,15 @@ func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 		up.Key = p.ModelKey.Get
 		up.OnUnauthorized = p.ModelKey.Invalidate
 	}
+	events := belay.DefaultSandboxEventLimits()
+	if events.MaxEvents, err = e.Count(EnvSandboxEvents, events.MaxEvents); err != nil {
+		return nil, err
+	}
+	maxBytes, err := e.Count(EnvSandboxEventBytes, int(events.MaxBytes))
+	if err != nil {
+		return nil, err
+	}
+	events.MaxBytes = int64(maxBytes)
 	return httpapi.New(httpapi.Config{
 		Store:         p.Store,
 		Artifacts:     p.Artifacts,
@@ -87,6 +96,8 @@ func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 		Upstream:      up,
 		Logger:        p.Logger,
 		Presigner:     p.Presigner,
+
+		SandboxEventLimits: events,
 	})
 }
 

@@ -69,6 +69,11 @@ const (
 	// EnvStreamMaxSeconds is how long the stream function keeps one event
 	// stream open before it closes it with a retry hint (default 840).
 	EnvStreamMaxSeconds = "BELAY_STREAM_MAX_SECONDS"
+	// EnvSandboxEvents and EnvSandboxEventBytes cap what one run's
+	// sandbox may append to its log, as for belay serve (defaults
+	// belay.DefaultSandboxEventLimits).
+	EnvSandboxEvents     = "BELAY_SANDBOX_EVENTS"
+	EnvSandboxEventBytes = "BELAY_SANDBOX_EVENT_BYTES"
 )
 
 // The direct variables for local runs and tests: a secret's value instead
@@ -404,15 +409,24 @@ func (e *Env) ModelKey(ctx context.Context) (*secrets.Cache, error) {
 
 // Seconds reads a positive whole number of seconds, or def when unset.
 func (e *Env) Seconds(name string, def time.Duration) (time.Duration, error) {
+	n, err := e.Count(name, int(def/time.Second))
+	if err != nil {
+		return 0, fmt.Errorf("%w of seconds", err)
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+// Count reads a positive whole number, or def when unset.
+func (e *Env) Count(name string, def int) (int, error) {
 	v := e.Get(name)
 	if v == "" {
 		return def, nil
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("%s is %q; want a positive whole number of seconds", name, v)
+		return 0, fmt.Errorf("%s is %q; want a positive whole number", name, v)
 	}
-	return time.Duration(n) * time.Second, nil
+	return n, nil
 }
 
 // ErrNoProvider is the key source of functions that do not hold the
