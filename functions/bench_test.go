@@ -9,9 +9,10 @@ import (
 
 // BenchmarkColdStart starts each bootstrap under a fresh emulator and
 // invokes it once, reporting the init phase's duration the emulator
-// measured (init-ms/op: from starting the process until its runtime asked
-// for the first event), on average and the least of the runs. Init reads no peer (clients connect lazily), so
-// the endpoints point at a closed port.
+// measured (from starting the process until its runtime asked for the
+// first event): on average (init-ms/op) and the least of the runs
+// (min-init-ms). Init reads no peer (clients connect lazily), so the
+// endpoints point at a closed port.
 func BenchmarkColdStart(b *testing.B) {
 	env := map[string]string{
 		"BELAY_TABLE": "t", "BELAY_BUCKET": "b", "BELAY_MODEL": testModel,
