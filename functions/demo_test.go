@@ -255,6 +255,7 @@ func TestDemoRun(t *testing.T) {
 			"BELAY_SIGNING_KEY": signingKey, "BELAY_MODEL_API_KEY": "sk-scripted-" + randomHex(8),
 			"BELAY_MODEL_API_URL": model.URL + "/v1/chat/completions", "SSL_CERT_FILE": certFile,
 		}))}
+	functions := []*rie.Function{api, stream, steps, gw.sandboxapi, gw.modelproxy}
 	private := httptest.NewServer(gw)
 	t.Cleanup(private.Close)
 	invocations := map[string]int{}
@@ -388,7 +389,11 @@ func TestDemoRun(t *testing.T) {
 		invocations[k] += v
 	}
 	stored, _ := p.store.GetRun(t.Context(), id)
-	report := costReport(invocations, stored, meters, time.Since(followStart))
+	gbSeconds := 0.0
+	for _, fn := range functions {
+		gbSeconds += fn.BilledDuration().Seconds() * memoryGB[fn.Name]
+	}
+	report := costReport(invocations, stored, meters, time.Since(followStart), gbSeconds)
 	if os.Getenv("BELAY_PRINT_COST") != "" {
 		fmt.Print(report)
 	}
@@ -404,6 +409,7 @@ const (
 	priceRRU        = 0.125 / 1e6
 	priceWRU        = 0.625 / 1e6
 	priceInvocation = 0.20 / 1e6
+	priceGBSecond   = 0.0000133334
 	priceTransition = 0.025 / 1e3
 	priceRESTCall   = 3.50 / 1e6
 	// The happy path's state transitions: Activate, PrepareSandbox,
@@ -411,7 +417,11 @@ const (
 	stateTransitions = 5
 )
 
-func costReport(inv map[string]int, run belay.Run, meters map[string]*capacityMeter, followed time.Duration) string {
+// memoryGB is each function's memory as the CDK stack sets it (infra),
+// for the GB-seconds Lambda bills.
+var memoryGB = map[string]float64{"api": 0.5, "stream": 0.25, "modelproxy": 0.25, "sandboxapi": 0.25, "steps": 0.5, "cleanup": 0.25}
+
+func costReport(inv map[string]int, run belay.Run, meters map[string]*capacityMeter, followed time.Duration, gbSeconds float64) string {
 	var b strings.Builder
 	names := make([]string, 0, len(meters))
 	for k := range meters {
@@ -438,9 +448,11 @@ func costReport(inv map[string]int, run belay.Run, meters map[string]*capacityMe
 		total, calls, read, write, stateTransitions)
 	rest := inv["api"] + inv["stream"] + inv["sandboxapi"] + inv["modelproxy"]
 	ddb := read*priceRRU + write*priceWRU
-	fmt.Fprintf(&b, "  cost: DynamoDB $%.7f + Lambda requests $%.7f + state transitions $%.7f + REST API requests $%.7f = $%.6f (Lambda GB-seconds, S3 and Fargate not included)\n",
-		ddb, float64(total)*priceInvocation, stateTransitions*priceTransition, float64(rest)*priceRESTCall,
-		ddb+float64(total)*priceInvocation+stateTransitions*priceTransition+float64(rest)*priceRESTCall)
+	compute := gbSeconds * priceGBSecond
+	fmt.Fprintf(&b, "  Lambda compute: %.2f GB-seconds billed under the emulator\n", gbSeconds)
+	fmt.Fprintf(&b, "  cost: DynamoDB $%.7f + Lambda requests $%.7f + Lambda compute $%.7f + state transitions $%.7f + REST API requests $%.7f = $%.6f (S3 and Fargate not included)\n",
+		ddb, float64(total)*priceInvocation, compute, stateTransitions*priceTransition, float64(rest)*priceRESTCall,
+		ddb+float64(total)*priceInvocation+compute+stateTransitions*priceTransition+float64(rest)*priceRESTCall)
 	return b.String()
 }
 

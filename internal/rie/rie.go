@@ -279,6 +279,20 @@ func (f *Function) InitDuration() (time.Duration, bool) {
 	return time.Duration(ms * float64(time.Millisecond)), true
 }
 
+var billed = regexp.MustCompile(`Billed Duration: ([0-9]+) ms`)
+
+// BilledDuration returns the sum of the billed durations the emulator
+// reported for the function's invocations so far.
+func (f *Function) BilledDuration() time.Duration {
+	var total time.Duration
+	for _, m := range billed.FindAllStringSubmatch(f.Logs(), -1) {
+		if ms, err := strconv.Atoi(m[1]); err == nil {
+			total += time.Duration(ms) * time.Millisecond
+		}
+	}
+	return total
+}
+
 // JSONLines returns the function's log lines that are JSON objects (its
 // slog lines and metrics), decoded.
 func (f *Function) JSONLines() []map[string]any {
