@@ -145,10 +145,18 @@ func TestSteps(t *testing.T) {
 		id := newRunID()
 		seedRun(t, p.store, id)
 		fn.Result(t, taskInput(t, "activate.json", id), nil)
+		const task = "arn:aws:ecs:eu-west-1:123456789012:task/belay-sandboxes/slow"
+		if err := p.store.RecordSandboxRef(t.Context(), id, 1, task); err != nil {
+			t.Fatal(err)
+		}
 		var o sfn.Outcome
 		fn.Result(t, taskInput(t, "validate-timeout.json", id), &o)
 		if o.Status != belay.StatusFailed || o.Reason != sfn.ReasonTimeout {
 			t.Fatalf("validate after States.Timeout = %+v, want failed timeout", o)
+		}
+		stops := cluster.Calls("StopTask")
+		if len(stops) == 0 || stops[len(stops)-1]["task"] != task {
+			t.Fatalf("StopTask calls %v, want the timed-out run's task stopped", stops)
 		}
 	})
 

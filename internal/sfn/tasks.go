@@ -220,6 +220,11 @@ func (t *Tasks) validate(ctx context.Context, req TaskRequest) (Outcome, error) 
 		t.log.Warn("validate: the state's attempt is not the run's", "run_id", run.ID, "state_attempt", req.Attempt, "run_attempt", run.Attempt)
 	}
 	exit, waitErr := ExitOf(req.Task, req.Error)
+	if waitErr != nil {
+		// The task did not simply exit (timed out, lost): make sure it is
+		// gone before the outcome is recorded.
+		t.stopTask(ctx, run.ID, "belay: "+boundReason(waitErr.Error()))
+	}
 	files := orchestrator.ReadOutputs(ctx, t.artifacts, run, t.log.With("run_id", run.ID))
 	out := orchestrator.Validate(run, exit, files, waitErr)
 	res := Outcome{Status: out.Status, Reason: out.Reason, ExitCode: out.ExitCode, Checks: out.Checks, ChangedFiles: out.ChangedFiles}
