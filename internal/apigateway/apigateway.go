@@ -61,7 +61,7 @@ func Buffered(h http.Handler, o Options) BufferedHandler {
 			log.ErrorContext(ctx, "api gateway event", "apigw_request_id", ev.RequestContext.RequestID, "err", err.Error())
 			return errorResponse(ev, http.StatusBadRequest, belay.CodeInvalid, "the request could not be read"), nil
 		}
-		access(ctx, log, o, ev, resp.StatusCode, headerOf(resp.MultiValueHeaders, wire.RequestIDHeader), start, "")
+		access(ctx, log, o, ev, resp.StatusCode, http.Header(resp.MultiValueHeaders).Get(wire.RequestIDHeader), start, "")
 		return resp, nil
 	}
 }
@@ -101,13 +101,6 @@ func RunIDOf(path string) string {
 				return id
 			}
 		}
-	}
-	return ""
-}
-
-func headerOf(h map[string][]string, name string) string {
-	if v := http.Header(h).Get(name); v != "" {
-		return v
 	}
 	return ""
 }
