@@ -121,6 +121,8 @@ func TestAPI(t *testing.T) {
 	})
 
 	t.Run("logs", func(t *testing.T) {
+		// Eight requests so far, each with its access line.
+		fn.WaitLogs(func(logs string) bool { return strings.Count(logs, `"msg":"request"`) >= 8 })
 		var access int
 		for _, line := range fn.JSONLines() {
 			if line["msg"] != "request" || line["function"] != "api" {

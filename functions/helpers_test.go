@@ -300,3 +300,38 @@ func printMeasurements() {
 }
 
 func mustNow() time.Time { return time.Now().UTC() }
+
+// metricSum adds up the named metric over the function's EMF lines.
+func metricSum(fn *rie.Function, name string) float64 {
+	total := 0.0
+	for _, line := range fn.JSONLines() {
+		if _, ok := line["_aws"]; !ok {
+			continue
+		}
+		if v, ok := line[name].(float64); ok {
+			total += v
+		}
+	}
+	return total
+}
+
+// waitMetrics waits until the function's log holds the wanted sums (see
+// rie.Function.WaitLogs) and fails the test with what it holds otherwise.
+func waitMetrics(tb testing.TB, fn *rie.Function, want map[string]float64) {
+	tb.Helper()
+	match := func(string) bool {
+		for name, n := range want {
+			if metricSum(fn, name) != n {
+				return false
+			}
+		}
+		return true
+	}
+	if !fn.WaitLogs(match) {
+		got := map[string]float64{}
+		for name := range want {
+			got[name] = metricSum(fn, name)
+		}
+		tb.Fatalf("%s's metrics: %v, want %v", fn.Name, got, want)
+	}
+}

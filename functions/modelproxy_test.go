@@ -168,21 +168,8 @@ func TestModelProxy(t *testing.T) {
 	})
 
 	t.Run("metrics", func(t *testing.T) {
-		counts := map[string]float64{}
-		for _, line := range fn.JSONLines() {
-			if _, ok := line["_aws"]; !ok {
-				continue
-			}
-			for _, m := range []string{"ModelCalls", "BudgetRefusals"} {
-				if v, ok := line[m].(float64); ok {
-					counts[m] += v
-				}
-			}
-		}
 		// 3 + 7 calls spent budget; one was refused.
-		if counts["ModelCalls"] != 10 || counts["BudgetRefusals"] != 1 {
-			t.Fatalf("metrics %v, want 10 ModelCalls and 1 BudgetRefusals", counts)
-		}
+		waitMetrics(t, fn, map[string]float64{"ModelCalls": 10, "BudgetRefusals": 1})
 	})
 
 	t.Run("a slow upstream ends with a clear error", func(t *testing.T) {

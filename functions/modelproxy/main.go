@@ -15,6 +15,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/apigateway"
 	"github.com/belay-dev/belay/internal/lambdaenv"
+	"github.com/belay-dev/belay/internal/modelprovider"
 )
 
 func main() { lambdaenv.Start("modelproxy", build) }
@@ -28,11 +29,23 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigatewa
 	if err != nil {
 		return nil, err
 	}
-	key, err := env.ModelKey(ctx)
+	// The provider (BELAY_MODEL_PROVIDER: openai, anthropic or bedrock)
+	// with its key, or, for Bedrock, the function role's credentials.
+	deps := modelprovider.Deps{Logger: log}
+	key, hasKey, err := env.ModelKey(ctx)
 	if err != nil {
 		return nil, err
 	}
-	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Signer: signer, ModelKey: key, Logger: log})
+	if hasKey {
+		deps.Key = key
+	} else if cfg, err := env.AWSConfig(ctx); err == nil {
+		deps.AWS = &cfg
+	}
+	provider, _, err := modelprovider.FromEnv(ctx, env.Lookup, deps)
+	if err != nil {
+		return nil, err
+	}
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Signer: signer, Provider: provider, Logger: log})
 	if err != nil {
 		return nil, err
 	}

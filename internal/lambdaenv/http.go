@@ -10,8 +10,8 @@ import (
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/emf"
 	"github.com/belay-dev/belay/internal/httpapi"
-	"github.com/belay-dev/belay/internal/secrets"
 	"github.com/belay-dev/belay/internal/token"
+	"github.com/belay-dev/belay/internal/upstream"
 )
 
 // HTTPParts are the adapters a function serving HTTP gives the shared
@@ -29,8 +29,9 @@ type HTTPParts struct {
 	Signer *token.Signer
 	// ControlTokens: the functions serving public routes.
 	ControlTokens []string
-	// ModelKey: only modelproxy holds the provider key.
-	ModelKey *secrets.Cache
+	// Provider: only modelproxy calls the model provider (and holds its
+	// key).
+	Provider upstream.Provider
 	// Presigner gives a claiming sandbox presigned S3 PUTs for its
 	// outputs: sandboxapi.
 	Presigner httpapi.OutputPresigner
@@ -67,15 +68,11 @@ func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 		URL: placeholderUpstream,
 		Key: func(context.Context) (string, error) { return "", ErrNoProvider },
 	}
-	if p.ModelKey != nil {
-		if up.URL, err = e.Require(EnvModelAPIURL, "give the provider's OpenAI-compatible chat-completions URL (https)"); err != nil {
-			return nil, err
-		}
+	if p.Provider != nil {
+		up = httpapi.Upstream{Provider: p.Provider}
 		if up.Timeout, err = e.Seconds(EnvModelTimeoutSeconds, httpapi.DefaultUpstreamTimeout); err != nil {
 			return nil, err
 		}
-		up.Key = p.ModelKey.Get
-		up.OnUnauthorized = p.ModelKey.Invalidate
 	}
 	events := belay.DefaultSandboxEventLimits()
 	if events.MaxEvents, err = e.Count(EnvSandboxEvents, events.MaxEvents); err != nil {

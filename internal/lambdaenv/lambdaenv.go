@@ -395,16 +395,28 @@ func (e *Env) Signer(ctx context.Context, now func() time.Time) (*token.Signer, 
 	return token.NewSigner(key, now)
 }
 
-// ModelKey returns the provider key's source (EnvModelAPIKey, or the
-// secret at EnvModelAPIKeySecretARN) behind a cache, which the model proxy
-// invalidates when the upstream answers 401. Only the modelproxy function
-// calls it: it is the one reader of the provider key.
-func (e *Env) ModelKey(ctx context.Context) (*secrets.Cache, error) {
-	src, err := e.secretSource(ctx, EnvModelAPIKey, EnvModelAPIKeySecretARN, "the model provider's key")
-	if err != nil {
-		return nil, err
+// ModelKey returns the provider key's source: EnvModelAPIKey, or the
+// secret at EnvModelAPIKeySecretARN (internal/modelprovider caches it and
+// drops it when the provider answers 401). ok is false when neither is
+// set, for a provider that takes no key (Bedrock). Only the modelproxy
+// function calls it: it is the one reader of the provider key.
+func (e *Env) ModelKey(ctx context.Context) (src secrets.Source, ok bool, err error) {
+	if e.Get(EnvModelAPIKey) == "" && e.Get(EnvModelAPIKeySecretARN) == "" {
+		return nil, false, nil
 	}
-	return secrets.NewCache(src, 0, nil), nil
+	src, err = e.secretSource(ctx, EnvModelAPIKey, EnvModelAPIKeySecretARN, "the model provider's key")
+	return src, err == nil, err
+}
+
+// AWSConfig returns the default AWS configuration (the function role's
+// credentials), for a client that builds its own (Bedrock's).
+func (e *Env) AWSConfig(ctx context.Context) (aws.Config, error) { return e.config(ctx) }
+
+// Lookup reads a variable the way os.LookupEnv does, for packages that
+// read their own (internal/modelprovider).
+func (e *Env) Lookup(name string) (string, bool) {
+	v := e.Get(name)
+	return v, v != ""
 }
 
 // Seconds reads a positive whole number of seconds, or def when unset.

@@ -258,6 +258,23 @@ func HandlerError(body []byte) (InvokeError, bool) {
 	return e, true
 }
 
+// WaitLogs polls the log until ok accepts it, for at most 10 s, and
+// returns whether it did. The emulator copies the function's output to its
+// own asynchronously, so a line the function wrote before answering may
+// arrive just after the answer.
+func (f *Function) WaitLogs(ok func(logs string) bool) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if ok(f.Logs()) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // Logs returns everything the emulator and the function wrote.
 func (f *Function) Logs() string { return f.logs.String() }
 
