@@ -52,6 +52,14 @@ func TestStream(t *testing.T) {
 	})
 	recordInit(t, fn)
 
+	t.Run("a caught-up reader of a finished run gets 204", func(t *testing.T) {
+		last := jsonSeq(all[len(all)-1].Seq)
+		resp := streamed(t, fn, apiEvent(t, "stream", "events-sse.json", forRun(done), withHeader("Last-Event-ID", last)))
+		if resp.StatusCode != 204 || len(resp.Body) != 0 {
+			t.Fatalf("Last-Event-ID %s of a finished run: %d %q, want 204 and no body, so an EventSource stops", last, resp.StatusCode, resp.Body)
+		}
+	})
+
 	t.Run("NDJSON", func(t *testing.T) {
 		resp := streamed(t, fn, apiEvent(t, "stream", "events-ndjson.json", forRun(done)))
 		lines := strings.Split(strings.TrimSpace(string(resp.Body)), "\n")
