@@ -1,0 +1,53 @@
+// Command modelproxy is the Lambda function behind POST
+// /internal/v1/chat/completions on the private REST API: it checks the
+// run token, the body and the run's budget, and only then attaches the
+// provider key and forwards the call. It is the only function that reads
+// the provider-key secret (Secrets Manager, cached, fetched again when the
+// provider answers 401). Its integration streams the response, so a long
+// model call is not cut at a buffered integration's 29 s. The README
+// lists its environment.
+package main
+
+import (
+	"log/slog"
+	"os"
+
+	"github.com/aws/aws-lambda-go/lambda"
+
+	"github.com/belay-dev/belay/internal/apigateway"
+	"github.com/belay-dev/belay/internal/lambdaenv"
+)
+
+func main() {
+	env := lambdaenv.FromOS("modelproxy")
+	log := env.Logger(os.Stdout)
+	h, err := build(env, log)
+	if err != nil {
+		log.Error("modelproxy: start", "err", err.Error())
+		os.Exit(1)
+	}
+	lambda.Start(h)
+}
+
+func build(env *lambdaenv.Env, log *slog.Logger) (apigateway.StreamingHandler, error) {
+	ctx, cancel := lambdaenv.InitContext()
+	defer cancel()
+	store, err := env.Store(ctx, log)
+	if err != nil {
+		return nil, err
+	}
+	signer, err := env.Signer(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	key, err := env.ModelKey(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Signer: signer, ModelKey: key, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	opts := apigateway.Options{Logger: log, OnResponse: lambdaenv.ObserveHTTP(env.Metrics(os.Stdout))}
+	return apigateway.Streaming(apigateway.Only(h, apigateway.ModelProxy), apigateway.StreamOptions{Options: opts}), nil
+}
