@@ -20,8 +20,10 @@ const (
 
 // streamTimeout is how long API Gateway keeps a streamed response open:
 // REST response streaming's limit. The stream function closes the event
-// stream before it (DESIGN.md "Time limits").
-var streamTimeout = awscdk.Duration_Minutes(jsii.Number(15))
+// stream before it (DESIGN.md "Time limits"). A function, not a package
+// variable: a jsii call at package init would start the jsii runtime before
+// main (or a test) picks its Node.
+func streamTimeout() awscdk.Duration { return awscdk.Duration_Minutes(jsii.Number(15)) }
 
 // api builds the two REST APIs.
 //
@@ -55,7 +57,7 @@ func (s *belayStack) api() {
 	buffered := awsapigateway.NewLambdaIntegration(s.fns[fnAPI], &awsapigateway.LambdaIntegrationOptions{})
 	streamed := awsapigateway.NewLambdaIntegration(s.fns[fnStream], &awsapigateway.LambdaIntegrationOptions{
 		ResponseTransferMode: awsapigateway.ResponseTransferMode_STREAM,
-		Timeout:              streamTimeout,
+		Timeout:              streamTimeout(),
 	})
 	// API Gateway matches the most specific resource and never falls back
 	// to a greedy one, so each resource on the way to the streamed route
@@ -129,7 +131,7 @@ func (s *belayStack) api() {
 func (s *belayStack) modelIntegration(fn awslambda.Function) awsapigateway.Integration {
 	return awsapigateway.NewLambdaIntegration(fn, &awsapigateway.LambdaIntegrationOptions{
 		ResponseTransferMode: awsapigateway.ResponseTransferMode_STREAM,
-		Timeout:              streamTimeout,
+		Timeout:              streamTimeout(),
 	})
 }
 

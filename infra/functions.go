@@ -98,16 +98,20 @@ func (s *belayStack) functions() error {
 			Timeout:      spec.timeout,
 			Role:         role,
 			LogGroup:     logs,
+			// Every function builds the shared handler's limits from the
+			// configured model, so each gets BELAY_MODEL.
 			Environment: &map[string]*string{
 				envTable: s.table.TableName(),
+				envModel: jsii.String(s.cfg.Model),
 			},
 		})
 		s.fns[name] = fn
 	}
 
+	// api starts and stops executions (orchestration.go adds the state
+	// machine) and stops a cancelled run's task.
 	api := s.fns[fnAPI]
 	api.AddEnvironment(jsii.String(envBucket), s.bucket.BucketName(), nil)
-	api.AddEnvironment(jsii.String(envModel), jsii.String(s.cfg.Model), nil)
 	s.grantTable(api, true)
 	s.grantArtifacts(api, false)
 
@@ -122,7 +126,6 @@ func (s *belayStack) functions() error {
 	}
 
 	mp := s.fns[fnModelProxy]
-	mp.AddEnvironment(jsii.String(envModel), jsii.String(s.cfg.Model), nil)
 	mp.AddEnvironment(jsii.String(envModelAPIURL), jsii.String(s.cfg.ModelAPIURL), nil)
 	mp.AddEnvironment(jsii.String(envModelProvider), jsii.String(s.cfg.ModelProvider), nil)
 	mp.AddEnvironment(jsii.String(envModelAPIKeyARN), s.providerKey.SecretArn(), nil)
@@ -133,7 +136,6 @@ func (s *belayStack) functions() error {
 
 	sa := s.fns[fnSandboxAPI]
 	sa.AddEnvironment(jsii.String(envBucket), s.bucket.BucketName(), nil)
-	sa.AddEnvironment(jsii.String(envModel), jsii.String(s.cfg.Model), nil)
 	sa.AddEnvironment(jsii.String(envSigningKeyARN), s.signingKey.SecretArn(), nil)
 	s.grantTable(sa, true)
 	s.grantArtifacts(sa, true)
@@ -141,18 +143,21 @@ func (s *belayStack) functions() error {
 
 	steps := s.fns[fnSteps]
 	steps.AddEnvironment(jsii.String(envBucket), s.bucket.BucketName(), nil)
-	steps.AddEnvironment(jsii.String(envModel), jsii.String(s.cfg.Model), nil)
 	s.grantTable(steps, true)
 	s.grantArtifacts(steps, true)
 
-	cl := s.fns[fnCleanup]
-	cl.AddEnvironment(jsii.String(envClusterARN), s.cluster.ClusterArn(), nil)
-	s.grantTable(cl, true)
-	cl.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Sid:       jsii.String("StopSandboxTasks"),
-		Actions:   jsii.Strings("ecs:StopTask", "ecs:DescribeTasks"),
-		Resources: &[]*string{s.clusterTasksArn()},
-	}))
+	s.grantTable(s.fns[fnCleanup], true)
+
+	// api (cancel), steps (fail) and cleanup stop a run's sandbox task.
+	for _, name := range []string{fnAPI, fnSteps, fnCleanup} {
+		fn := s.fns[name]
+		fn.AddEnvironment(jsii.String(envClusterARN), s.cluster.ClusterArn(), nil)
+		fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:       jsii.String("StopSandboxTasks"),
+			Actions:   jsii.Strings("ecs:StopTask"),
+			Resources: &[]*string{s.clusterTasksArn()},
+		}))
+	}
 	return nil
 }
 

@@ -52,9 +52,11 @@ func (s *belayStack) suppressions() {
 		"Executions are named by run id, known only when a run is created: the resource is this state machine's executions and no other's.",
 		`^Resource::\["arn:\$\{AWS::Partition\}:states:\$\{AWS::Region\}:\$\{AWS::AccountId\}:execution:\$\{Name\}:\*",.*"Runs[0-9A-F]+","Name".*\]$`)
 	clusterTasks := `^Resource::\["arn:\$\{AWS::Partition\}:ecs:\$\{AWS::Region\}:\$\{AWS::AccountId\}:task/\$\{Cluster\}/\*",.*"Cluster[0-9A-F]+".*\]$`
-	suppress(s.fns[fnCleanup].Role(), "AwsSolutions-IAM5",
-		"A sandbox task's id is known only once it runs: the resource is the tasks of belay's cluster and no other.",
-		clusterTasks)
+	for _, name := range []string{fnAPI, fnSteps, fnCleanup} {
+		suppress(s.fns[name].Role(), "AwsSolutions-IAM5",
+			"A sandbox task's id is known only once it runs (the run records it at claim): the resource is the tasks of belay's cluster and no other.",
+			clusterTasks)
+	}
 	suppress(s.stateMachine.Role(), "AwsSolutions-IAM5",
 		"A sandbox task's id is known only once it runs: RunTask .sync describes and, on timeout or abort, stops it; the resource is the tasks of belay's cluster and no other.",
 		clusterTasks)
@@ -70,6 +72,11 @@ func (s *belayStack) suppressions() {
 			"A WAF web ACL costs a monthly fee per ACL and per request; the stage throttles every method, and every route requires the control-plane token (or an AWS signature), or, on the private API, a VPC endpoint and a run's tokens.")
 		suppress(api, "AwsSolutions-COG4",
 			"belay has no user directory: callers hold the control-plane token or, with -c auth=sigv4, an AWS IAM identity, and a sandbox holds its run tokens. A Cognito user pool would be a second identity system with no users in it.")
+	}
+	if s.callerPolicy != nil {
+		suppress(s.callerPolicy, "AwsSolutions-IAM5",
+			"Callers of belay's public API may use every method of every /v1 route (run ids are in the paths); the resource is the public API's one stage and no other API.",
+			`^Resource::arn:<AWS::Partition>:execute-api:<AWS::Region>:<AWS::AccountId>:<PublicApi[0-9A-F]+>/`+publicStage+`/\*/v1/\*$`)
 	}
 	if s.cfg.Auth == authToken {
 		suppress(s.publicAPI, "AwsSolutions-APIG4",
