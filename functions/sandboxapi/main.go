@@ -40,7 +40,7 @@ func build(env *lambdaenv.Env, log *slog.Logger) (apigateway.BufferedHandler, er
 	if err != nil {
 		return nil, err
 	}
-	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Signer: signer, Logger: log})
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Signer: signer, Presigner: artifacts, Logger: log})
 	if err != nil {
 		return nil, err
 	}

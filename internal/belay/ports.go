@@ -105,11 +105,38 @@ type ApprovalStore interface {
 	DecideApproval(ctx context.Context, runID, id string, d Decision, reason, by string, at time.Time) (Approval, error)
 }
 
+// ClaimStore keeps the claim codes of the claim exchange (see Claim), and
+// what a claimed sandbox is to the platform that runs it.
+type ClaimStore interface {
+	// CreateClaim stores c, unused. Returns invalid for a claim CheckClaim
+	// refuses; not_found if the run does not exist; conflict if a claim
+	// with the same code hash exists.
+	CreateClaim(ctx context.Context, c Claim) error
+
+	// ConsumeClaim exchanges the claim whose code hashes to codeHash: in one
+	// conditional write it marks the claim used and returns it. runID, when
+	// not empty, is the run the caller expects. It refuses with a
+	// *ClaimError (code unauthorized), writing nothing, when no claim has
+	// that hash (ClaimUnknown), runID names another run (ClaimWrongRun), the
+	// claim was used (ClaimUsed), now is at or after its ExpiresAt
+	// (ClaimExpired), its run is not running (ClaimRunNotRunning) or is at
+	// another attempt than the claim's (ClaimWrongAttempt), in that order.
+	// Of any number of concurrent calls with one code, at most one succeeds.
+	ConsumeClaim(ctx context.Context, codeHash [32]byte, runID string, now time.Time) (Claim, error)
+
+	// RecordSandboxRef stores ref (an ECS task ARN, say) as the sandbox of
+	// the run's attempt, for cancel and cleanup to stop it (Run.SandboxRef).
+	// Returns invalid for a ref CheckSandboxRef refuses; not_found if the
+	// run does not exist; conflict if it is terminal or at another attempt.
+	RecordSandboxRef(ctx context.Context, runID string, attempt int, ref string) error
+}
+
 // Store is everything the control plane persists outside artifacts.
 type Store interface {
 	RunStore
 	CapabilityStore
 	ApprovalStore
+	ClaimStore
 }
 
 // ArtifactInfo names one stored artifact and its size in bytes.

@@ -30,7 +30,9 @@ import (
 //	APPR#<id>        one approval
 //	BATCH#<id>       the sequence range an idempotent event batch got
 //
-// and each idempotency key has its own item "IDEM#<sha256(key)>" / "IDEM".
+// and each idempotency key has its own item "IDEM#<sha256(key)>" / "IDEM",
+// each claim code its item "CLAIM#<hex of the code's SHA-256>" / "CLAIM"
+// (the caller of a claim knows only the code, not its run).
 // META also carries the listing index keys: GSI1PK "RUNS" with GSI1SK
 // "<createdAt>#<id>" (all runs), and GSI2PK "STATUS#<status>" with the same
 // sort key (runs of one status).
@@ -38,6 +40,7 @@ const (
 	skMeta       = "META"
 	skCap        = "CAP"
 	skIdem       = "IDEM"
+	skClaim      = "CLAIM"
 	prefixEvent  = "EVT#"
 	prefixReq    = "REQ#"
 	prefixAppr   = "APPR#"
@@ -228,6 +231,12 @@ func metaItem(r belay.Run, reqChunks int, ttl int64) (item, error) {
 		return nil, err
 	}
 	it["lastSeq"] = avN(r.LastSeq)
+	if r.Attempt != 0 {
+		it["attempt"] = avN(int64(r.Attempt))
+	}
+	if r.SandboxRef != "" {
+		it["sandboxRef"] = avS(r.SandboxRef)
+	}
 	return it, nil
 }
 
@@ -282,7 +291,9 @@ func decodeMeta(it item) (*runMeta, error) {
 				PromptTokens:     d.num("promptTokens"),
 				CompletionTokens: d.num("completionTokens"),
 			},
-			LastSeq: d.num("lastSeq"),
+			LastSeq:    d.num("lastSeq"),
+			Attempt:    int(d.num("attempt")),
+			SandboxRef: d.str("sandboxRef"),
 		},
 		reqChunks: int(d.num("reqChunks")),
 		ttl:       d.num(attrTTL),

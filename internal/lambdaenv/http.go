@@ -31,7 +31,10 @@ type HTTPParts struct {
 	ControlTokens []string
 	// ModelKey: only modelproxy holds the provider key.
 	ModelKey *secrets.Cache
-	Logger   *slog.Logger
+	// Presigner gives a claiming sandbox presigned S3 PUTs for its
+	// outputs: sandboxapi.
+	Presigner httpapi.OutputPresigner
+	Logger    *slog.Logger
 }
 
 // placeholderUpstream is the upstream URL of a function without the model
@@ -83,6 +86,7 @@ func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 		ControlTokens: p.ControlTokens,
 		Upstream:      up,
 		Logger:        p.Logger,
+		Presigner:     p.Presigner,
 	})
 }
 

@@ -45,5 +45,6 @@ func (e *Env) Orchestrator(ctx context.Context, store belay.Store, log *slog.Log
 	return sfn.New(sfn.Config{Client: client, StateMachineARN: machine, Store: store, Tasks: tasks, TaskARN: TaskARN, Logger: log})
 }
 
-// TaskARN returns the sandbox task a run recorded when it claimed.
-func TaskARN(run belay.Run) string { return "" }
+// TaskARN returns the sandbox task a run recorded when it claimed: its
+// SandboxRef, which on AWS is the ECS task's ARN.
+func TaskARN(run belay.Run) string { return run.SandboxRef }

@@ -122,9 +122,12 @@ func Start(tb testing.TB, function string, env map[string]string) *Function {
 	bootstrap := Bootstrap(tb, function)
 	emulator := filepath.Join(buildDir, "aws-lambda-rie")
 	addr := freeAddr(tb)
+	// The runtime API gets a port of its own too: the emulator's default
+	// (9001) would collide with any other emulator on the machine.
+	runtimeAddr := freeAddr(tb)
 	f := &Function{Name: function, url: "http://" + addr + "/2015-03-31/functions/function/invocations",
 		logs: &lockedBuffer{}, done: make(chan struct{})}
-	cmd := exec.Command(emulator, "--runtime-interface-emulator-address", addr, bootstrap)
+	cmd := exec.Command(emulator, "--runtime-interface-emulator-address", addr, "--runtime-api-address", runtimeAddr, bootstrap)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "AWS_LAMBDA_FUNCTION_NAME=" + function}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
@@ -239,10 +242,12 @@ func HandlerError(body []byte) (InvokeError, bool) {
 // Logs returns everything the emulator and the function wrote.
 func (f *Function) Logs() string { return f.logs.String() }
 
-var initDuration = regexp.MustCompile(`Init Duration: ([0-9.]+) ms`)
+var initDuration = regexp.MustCompile(`INIT REPORT\(durationMs: ([0-9.]+)\)`)
 
-// InitDuration returns the init duration the emulator reported for the
-// function's first invocation.
+// InitDuration returns the init phase's duration the emulator reported
+// ("INIT REPORT"): from starting the bootstrap until its runtime asked for
+// the first event, which covers the process's start and the function's
+// own set-up.
 func (f *Function) InitDuration() (time.Duration, bool) {
 	m := initDuration.FindStringSubmatch(f.Logs())
 	if m == nil {

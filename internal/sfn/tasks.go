@@ -2,9 +2,11 @@ package sfn
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -68,6 +70,11 @@ type TasksConfig struct {
 	Metrics *emf.Recorder
 	Logger  *slog.Logger
 	Now     func() time.Time
+	// Entropy feeds claim codes. Nil means crypto/rand.
+	Entropy io.Reader
+	// TokenGrace is how long the run's capability, and the RunTask state,
+	// outlive its wall time. Zero means orchestrator.DefaultTokenGrace.
+	TokenGrace time.Duration
 }
 
 // Tasks is the steps function's handler: one entry point that switches on
@@ -80,6 +87,8 @@ type Tasks struct {
 	metrics   *emf.Recorder
 	log       *slog.Logger
 	now       func() time.Time
+	entropy   io.Reader
+	grace     time.Duration
 }
 
 // NewTasks checks cfg and returns the handler.
@@ -88,7 +97,13 @@ func NewTasks(cfg TasksConfig) (*Tasks, error) {
 		return nil, errors.New("sfn: TasksConfig.Store and Artifacts are required")
 	}
 	t := &Tasks{store: cfg.Store, artifacts: cfg.Artifacts, tasks: cfg.Tasks, taskARN: cfg.TaskARN,
-		metrics: cfg.Metrics, log: cfg.Logger, now: cfg.Now}
+		metrics: cfg.Metrics, log: cfg.Logger, now: cfg.Now, entropy: cfg.Entropy, grace: cfg.TokenGrace}
+	if t.entropy == nil {
+		t.entropy = rand.Reader
+	}
+	if t.grace <= 0 {
+		t.grace = orchestrator.DefaultTokenGrace
+	}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
@@ -108,6 +123,8 @@ func (t *Tasks) Handle(ctx context.Context, req TaskRequest) (any, error) {
 		return nil, fmt.Errorf("step %q: runId %q is not a run id", req.Step, req.RunID)
 	}
 	switch req.Step {
+	case StepActivate:
+		return t.activate(ctx, req.RunID)
 	case StepValidate:
 		return t.validate(ctx, req)
 	case StepFinalize:
@@ -197,13 +214,14 @@ func (t *Tasks) validate(ctx context.Context, req TaskRequest) (Outcome, error) 
 	if err != nil {
 		return Outcome{}, fmt.Errorf("validate run %s: %w", req.RunID, err)
 	}
-	exit, waitErr := ExitOf(req.Task, req.Error)
-	files, err := t.outputs(ctx, run, req.Attempt)
-	if err != nil {
-		return Outcome{}, fmt.Errorf("validate run %s: %w", req.RunID, err)
+	if req.Attempt != 0 && req.Attempt != run.Attempt {
+		// The run moved on (a resume) since this state's input was made;
+		// the run's own attempt is the one whose outputs count.
+		t.log.Warn("validate: the state's attempt is not the run's", "run_id", run.ID, "state_attempt", req.Attempt, "run_attempt", run.Attempt)
 	}
-	exit.Files = files
-	out := orchestrator.Validate(run, exit, waitErr)
+	exit, waitErr := ExitOf(req.Task, req.Error)
+	files := orchestrator.ReadOutputs(ctx, t.artifacts, run, t.log.With("run_id", run.ID))
+	out := orchestrator.Validate(run, exit, files, waitErr)
 	res := Outcome{Status: out.Status, Reason: out.Reason, ExitCode: out.ExitCode, Checks: out.Checks, ChangedFiles: out.ChangedFiles}
 	for _, name := range belay.ArtifactNames {
 		content, ok := out.Files[name]
@@ -220,24 +238,70 @@ func (t *Tasks) validate(ctx context.Context, req TaskRequest) (Outcome, error) 
 	return res, nil
 }
 
-// outputs reads what the sandbox of the attempt uploaded, by name; an
-// output it did not upload is left out (validation then says what is
-// missing).
-func (t *Tasks) outputs(ctx context.Context, run belay.Run, attempt int) (map[string][]byte, error) {
-	files := make(map[string][]byte)
-	for _, name := range belay.ArtifactNames {
-		content, err := t.artifacts.GetArtifact(ctx, run.ID, stagingName(attempt, name))
-		if belay.IsCode(err, belay.CodeNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read output %s: %w", name, err)
-		}
-		files[name] = content
+// activate starts the run's first attempt: it moves the queued run to
+// running (attempt 1, run.started), gives it its capability (expiring
+// TokenGrace after its wall time, as embedded) and a claim code for the
+// task, and says how long the RunTask state may wait: until the run's
+// deadline (its start plus its wall time) plus the grace.
+//
+// A retried activate (Step Functions retries a task whose Lambda call
+// failed in transit) finds the run running at attempt 1 with no sandbox
+// yet, and issues a new code for the same attempt. A run cancelled before
+// it started is finalized cancelled, and activate fails, so the execution
+// goes to its fail step (which changes nothing more).
+func (t *Tasks) activate(ctx context.Context, runID string) (ActivateResult, error) {
+	run, err := t.store.GetRun(ctx, runID)
+	if err != nil {
+		return ActivateResult{}, fmt.Errorf("activate run %s: %w", runID, err)
 	}
-	return files, nil
-}
+	now := t.now().UTC()
+	switch {
+	case run.Status == belay.StatusQueued && run.CancelRequested:
+		if _, _, err := Finalize(ctx, t.store, t.log, runID, Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled}, now); err != nil {
+			return ActivateResult{}, err
+		}
+		return ActivateResult{}, belay.Errorf(belay.CodeConflict, "run %s was cancelled before it started", runID)
+	case run.Status == belay.StatusQueued:
+		req := run.Request
+		started, err := json.Marshal(struct {
+			MaxRequests     int `json:"maxRequests"`
+			WallTimeSeconds int `json:"wallTimeSeconds"`
+		}{req.MaxRequests(), req.WallTimeSeconds})
+		if err != nil {
+			return ActivateResult{}, fmt.Errorf("activate run %s: %w", runID, err)
+		}
+		run, err = t.store.Transition(ctx, runID, belay.Transition{
+			To: belay.StatusRunning, At: now, Attempt: 1,
+			Events: []belay.EventInput{{Time: now, Type: belay.EventRunStarted, Data: started}},
+		})
+		if err != nil {
+			return ActivateResult{}, fmt.Errorf("activate run %s: %w", runID, err)
+		}
+		if err := t.store.ActivateCapability(ctx, belay.Capability{
+			RunID:       runID,
+			Model:       req.Model,
+			State:       belay.CapabilityActive,
+			ExpiresAt:   run.StartedAt.Add(time.Duration(req.WallTimeSeconds)*time.Second + t.grace),
+			MaxRequests: req.MaxRequests(),
+		}); err != nil {
+			return ActivateResult{}, fmt.Errorf("activate capability of run %s: %w", runID, err)
+		}
+	case run.Status == belay.StatusRunning && run.Attempt == 1 && run.SandboxRef == "":
+		t.log.Info("activate repeated; issuing a new claim code for attempt 1", "run_id", runID)
+	default:
+		return ActivateResult{}, belay.Errorf(belay.CodeConflict, "run %s is %s at attempt %d; only a queued run is activated", runID, run.Status, run.Attempt)
+	}
 
-func stagingName(attempt int, name string) string {
-	return fmt.Sprintf("sandbox-%d-%s", attempt, name)
+	code, claim, err := belay.NewClaim(runID, run.Attempt, now, t.entropy)
+	if err != nil {
+		return ActivateResult{}, err
+	}
+	if err := t.store.CreateClaim(ctx, claim); err != nil {
+		return ActivateResult{}, fmt.Errorf("activate run %s: %w", runID, err)
+	}
+	deadline := run.StartedAt.Add(time.Duration(run.Request.WallTimeSeconds) * time.Second)
+	timeout := int(deadline.Add(t.grace).Sub(now).Round(time.Second) / time.Second)
+	t.log.Info("run started", "run_id", runID, "attempt", run.Attempt, "timeout_seconds", timeout,
+		"wall_time_seconds", run.Request.WallTimeSeconds, "max_requests", run.Request.MaxRequests())
+	return ActivateResult{RunID: runID, Attempt: run.Attempt, Claim: code.Reveal(), TimeoutSeconds: max(timeout, 1)}, nil
 }

@@ -16,7 +16,7 @@ import (
 // runColumns are the columns scanRun reads, in its order.
 const runColumns = `id, status, request, request_hash, created_at, updated_at, started_at, finished_at,
 	cancel_requested, reason, exit_code, model_requests, max_requests, prompt_tokens, completion_tokens,
-	checks, changed_files, artifacts, last_seq`
+	checks, changed_files, artifacts, last_seq, attempt, sandbox_ref`
 
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface{ Scan(dest ...any) error }
@@ -35,7 +35,7 @@ func scanRun(sc scanner) (belay.Run, error) {
 	)
 	if err := sc.Scan(&r.ID, &status, &request, &r.RequestHash, &created, &updated, &started, &finished,
 		&r.CancelRequested, &r.Reason, &exitCode, &modelRequests, &maxRequests, &promptTokens, &completionTokens,
-		&checks, &changedFiles, &artifacts, &lastSq); err != nil {
+		&checks, &changedFiles, &artifacts, &lastSq, &r.Attempt, &r.SandboxRef); err != nil {
 		return belay.Run{}, err
 	}
 	r.Status = belay.RunStatus(status)
@@ -109,11 +109,11 @@ func saveRun(ctx context.Context, tx *sql.Tx, r belay.Run) error {
 	_, err = tx.ExecContext(ctx, `UPDATE runs SET
 		status = ?, updated_at = ?, started_at = ?, finished_at = ?, cancel_requested = ?, reason = ?, exit_code = ?,
 		model_requests = ?, max_requests = ?, prompt_tokens = ?, completion_tokens = ?,
-		checks = ?, changed_files = ?, artifacts = ?, last_seq = ?
+		checks = ?, changed_files = ?, artifacts = ?, last_seq = ?, attempt = ?, sandbox_ref = ?
 		WHERE id = ?`,
 		string(r.Status), nanos(r.UpdatedAt), nanos(r.StartedAt), nanos(r.FinishedAt), r.CancelRequested, r.Reason, exitCode,
 		r.Usage.ModelRequests, r.Usage.MaxRequests, r.Usage.PromptTokens, r.Usage.CompletionTokens,
-		checks, changed, artifacts, r.LastSeq, r.ID)
+		checks, changed, artifacts, r.LastSeq, r.Attempt, r.SandboxRef, r.ID)
 	if err != nil {
 		return fmt.Errorf("write run %s: %w", r.ID, err)
 	}
@@ -279,6 +279,9 @@ func (s *Store) Transition(ctx context.Context, id string, t belay.Transition) (
 	if !t.To.Valid() {
 		return belay.Run{}, belay.FieldErrorf(belay.CodeInvalid, "status", "unknown status %q", t.To)
 	}
+	if t.Attempt < 0 {
+		return belay.Run{}, belay.FieldErrorf(belay.CodeInvalid, "attempt", "must not be negative, not %d", t.Attempt)
+	}
 	if err := checkTimes("at", t.At); err != nil {
 		return belay.Run{}, err
 	}
@@ -305,6 +308,9 @@ func (s *Store) Transition(ctx context.Context, id string, t belay.Transition) (
 		}
 		if t.Reason != "" {
 			r.Reason = t.Reason
+		}
+		if t.Attempt > 0 {
+			r.Attempt = t.Attempt
 		}
 		if t.ExitCode != nil {
 			c := *t.ExitCode

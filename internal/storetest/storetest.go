@@ -38,6 +38,7 @@ func Run(t *testing.T, open func(tb testing.TB, opts Options) belay.Store) {
 	t.Run("capability", func(t *testing.T) { testCapability(t, open) })
 	t.Run("approvals", func(t *testing.T) { testApprovals(t, open) })
 	t.Run("concurrency", func(t *testing.T) { testConcurrency(t, open) })
+	t.Run("claims", func(t *testing.T) { testClaims(t, open) })
 }
 
 // BenchmarkConsume measures ConsumeModelRequest on one capability with a
