@@ -5,9 +5,9 @@
 //   node scripts/sfn-local.mjs DEFINITION.json NAME INPUT_JSON TASKS_URL
 //
 // Every Task state is answered by TASKS_URL (the Go test's task server):
-// the script POSTs {"state", "resource", "input"} (input after Parameters)
-// and the server answers {"output": ...}, or {"error": NAME, "cause": TEXT}
-// which fails the state with that error, as a Lambda error or a failed ECS
+// the script POSTs {"execution", "state", "resource", "input"} (input
+// after Parameters) and the server answers {"output": ...}, or {"error":
+// NAME, "cause": TEXT}, which fails the state with that error, as a Lambda error or a failed ECS
 // task would, so Retry and Catch apply as in Step Functions.
 //
 // It prints one JSON object a line: {"event": ...} for each execution event
@@ -57,7 +57,7 @@ for (const [stateName, resource] of Object.entries(taskStates(definition.States)
 		const res = await fetch(tasksURL, {
 			method: "POST",
 			headers: { "content-type": "application/json" },
-			body: JSON.stringify({ state: stateName, resource, input: stateInput }),
+			body: JSON.stringify({ execution: name, state: stateName, resource, input: stateInput }),
 		});
 		if (!res.ok) throw new TaskError("States.TaskFailed", `task server answered ${res.status}: ${await res.text()}`);
 		const answer = await res.json();
