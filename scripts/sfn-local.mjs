@@ -30,6 +30,25 @@ if (major < 22) {
 }
 
 const definition = JSON.parse(readFileSync(defPath, "utf8"));
+
+// Step Functions reads a Task's TimeoutSecondsPath from the state's input;
+// aws-local-stepfunctions reads it from the input after Parameters. So
+// that the definition means here what it means on AWS, the timeout is
+// carried through Parameters under a hidden key, which the handler
+// removes before the task sees its input.
+const hiddenTimeout = "__sfnLocalTimeoutSeconds";
+function carryTimeouts(states) {
+	for (const st of Object.values(states)) {
+		if (st.Type === "Task" && st.TimeoutSecondsPath && st.Parameters) {
+			st.Parameters[hiddenTimeout + ".$"] = st.TimeoutSecondsPath;
+			st.TimeoutSecondsPath = "$." + hiddenTimeout;
+		}
+		for (const b of st.Branches ?? []) carryTimeouts(b.States);
+		if (st.Iterator) carryTimeouts(st.Iterator.States);
+		if (st.ItemProcessor) carryTimeouts(st.ItemProcessor.States);
+	}
+}
+carryTimeouts(definition.States);
 const input = JSON.parse(inputJSON);
 const print = (o) => process.stdout.write(JSON.stringify(o) + "\n");
 
@@ -54,6 +73,12 @@ class TaskError extends Error {
 const handlers = {};
 for (const [stateName, resource] of Object.entries(taskStates(definition.States))) {
 	handlers[stateName] = async (stateInput) => {
+		// A copy without the hidden key: the library reads it after this
+		// handler has started.
+		if (stateInput && typeof stateInput === "object" && hiddenTimeout in stateInput) {
+			const { [hiddenTimeout]: _, ...rest } = stateInput;
+			stateInput = rest;
+		}
 		const res = await fetch(tasksURL, {
 			method: "POST",
 			headers: { "content-type": "application/json" },
