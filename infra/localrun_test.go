@@ -33,6 +33,7 @@ import (
 	"github.com/belay-dev/belay/internal/dynamo"
 	"github.com/belay-dev/belay/internal/hardening"
 	"github.com/belay-dev/belay/internal/rie"
+	belays3 "github.com/belay-dev/belay/internal/s3"
 	"github.com/belay-dev/belay/internal/sandbox"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 )
@@ -73,6 +74,7 @@ type localAWS struct {
 	dynamoURL string
 	table     string
 	store     *dynamo.Store
+	artifacts *belays3.Store
 	s3URL     string
 	bucket    string
 	secrets   map[string]string // secret ARN → value
@@ -120,6 +122,7 @@ func startLocalAWS(t *testing.T) *localAWS {
 		t.Fatal(err)
 	}
 	l.store = dynamo.New(client, l.table, dynamo.Options{})
+	l.artifacts = belays3.New(belays3.NewLocalClient(""), "", "") // replaced below
 	// S3: gofakes3 over HTTP.
 	backend := s3mem.New()
 	s3srv := httptest.NewServer(gofakes3.New(backend).Server())
@@ -128,6 +131,7 @@ func startLocalAWS(t *testing.T) *localAWS {
 	if err := backend.CreateBucket(l.bucket); err != nil {
 		t.Fatal(err)
 	}
+	l.artifacts = belays3.New(belays3.NewLocalClient(l.s3URL), l.bucket, "")
 
 	l.resolveValues()
 	l.writeDefinition()
@@ -623,8 +627,11 @@ func (l *localAWS) serveTask(w http.ResponseWriter, r *http.Request) {
 // task definition in the template says (entry point, environment, claim
 // override) and reports the stopped task as ECS describes it.
 type taskRunner struct {
-	l     *localAWS
-	mu    sync.Mutex
+	l *localAWS
+	// afterExit, when set, runs once a task's process has exited, before
+	// ECS reports the task stopped (a test's forged upload).
+	afterExit func(execution string)
+	mu        sync.Mutex
 	tasks map[string]*localTask // by task ARN
 	meta  *httptest.Server      // the task metadata endpoint (v4)
 }
@@ -769,6 +776,9 @@ func (tr *taskRunner) run(ctx context.Context, execution string, input json.RawM
 	go func() { _ = task.cmd.Wait(); close(task.done) }()
 	l.t.Cleanup(func() { _ = task.cmd.Process.Kill(); <-task.done })
 	<-task.done
+	if tr.afterExit != nil {
+		tr.afterExit(execution)
+	}
 	if testing.Verbose() {
 		l.t.Logf("sandbox task %s (%s) output:\n%s", id, execution, logs.String())
 	}

@@ -18,7 +18,6 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
-	"github.com/belay-dev/belay/internal/rie"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 )
 
@@ -267,17 +266,15 @@ func TestLocalExecution(t *testing.T) {
 	})
 
 	t.Run("a result that fails validation ends failed", func(t *testing.T) {
-		// The uploaded test, run by the pytest check inside the sandbox,
-		// changes notes.txt: a file outside allowedPaths, which the agent's
-		// tools would have refused. The control plane finds it in the
-		// bundle and refuses the result.
+		// The entry commits only allowed changes, so an honest sandbox
+		// cannot produce this: a compromised one uploads a bundle whose
+		// patch also changes notes.txt, outside allowedPaths. The runner
+		// forges that upload in S3 after the task exits; the control plane
+		// must refuse it.
 		l.upstream.session(t, fixCalcScript(t), nil)
+		l.runner.afterExit = func(runID string) { l.forgeOutputs(t, runID) }
+		defer func() { l.runner.afterExit = nil }()
 		req := calcRun(t, belay.File{Path: "notes.txt", Content: "nothing to see\n"})
-		for i, f := range req.Files {
-			if f.Path == "tests/test_calc.py" {
-				req.Files[i].Content = "import pathlib\npathlib.Path(__file__).parent.parent.joinpath('notes.txt').write_text('tampered by a check\\n')\n" + f.Content
-			}
-		}
 		created, err := c.CreateRun(ctx, req, "")
 		if err != nil {
 			t.Fatal(err)
@@ -290,8 +287,11 @@ func TestLocalExecution(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if run.Status != belay.StatusFailed || !strings.Contains(strings.ToLower(run.Reason), "notes.txt") && !strings.Contains(strings.ToLower(run.Reason), "allowed") {
-			t.Errorf("run %s: %s (%s), want failed for a change outside allowedPaths", created.RunID, run.Status, run.Reason)
+		if run.Status != belay.StatusFailed || !strings.Contains(run.Reason, "notes.txt") {
+			t.Errorf("run %s: %s (%s), want failed for notes.txt, outside allowedPaths", created.RunID, run.Status, run.Reason)
+		}
+		if slices.Contains(run.ChangedFiles, "notes.txt") {
+			t.Errorf("the run reports the refused change: changedFiles %v", run.ChangedFiles)
 		}
 		if capab := l.capability(t, created.RunID); capab.State != belay.CapabilityRevoked {
 			t.Errorf("capability: %s", capab.State)
@@ -357,7 +357,6 @@ func TestLocalExecution(t *testing.T) {
 			t.Errorf("after a second cleanup: %s", again.Status)
 		}
 	})
-	_ = context.Background
 }
 
 // statusChange is the EventBridge event Step Functions emits when an
@@ -395,4 +394,33 @@ func (l *localAWS) statusChange(tb testing.TB, runID, status string) []byte {
 	return out
 }
 
-var _ = rie.HandlerError
+// forgeOutputs replaces the run's uploaded outputs (attempt 1) with a
+// bundle whose patch also changes notes.txt.
+func (l *localAWS) forgeOutputs(tb testing.TB, runID string) {
+	ctx := context.Background()
+	name := func(n string) string { return belay.StagedOutputName(1, n) }
+	raw, err := l.artifacts.GetArtifact(ctx, runID, name("result.json"))
+	if err != nil {
+		tb.Errorf("forge: read the uploaded result.json: %v", err)
+		return
+	}
+	var bundle belay.ResultBundle
+	if err := json.Unmarshal(raw, &bundle); err != nil {
+		tb.Errorf("forge: %v", err)
+		return
+	}
+	patch, err := l.artifacts.GetArtifact(ctx, runID, name("patch.diff"))
+	if err != nil {
+		tb.Errorf("forge: read the uploaded patch.diff: %v", err)
+		return
+	}
+	patch = append(patch, []byte("diff --git a/notes.txt b/notes.txt\nindex 1111111..2222222 100644\n--- a/notes.txt\n+++ b/notes.txt\n"+
+		"@@ -1 +1 @@\n-nothing to see\n+exfiltrated\n")...)
+	bundle.ChangedFiles = append(bundle.ChangedFiles, "notes.txt")
+	forged, _ := json.Marshal(bundle)
+	for n, content := range map[string][]byte{"patch.diff": patch, "result.json": forged} {
+		if err := l.artifacts.PutArtifact(ctx, runID, name(n), content); err != nil {
+			tb.Errorf("forge %s: %v", n, err)
+		}
+	}
+}
