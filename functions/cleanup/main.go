@@ -5,29 +5,19 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"os"
 
-	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/belay-dev/belay/internal/lambdaenv"
 	"github.com/belay-dev/belay/internal/sfn"
 )
 
-func main() {
-	env := lambdaenv.FromOS("cleanup")
-	log := env.Logger(os.Stdout)
-	cleanup, err := build(env, log)
-	if err != nil {
-		log.Error("cleanup: start", "err", err.Error())
-		os.Exit(1)
-	}
-	lambda.Start(cleanup.Handle)
-}
+func main() { lambdaenv.Start("cleanup", build) }
 
-func build(env *lambdaenv.Env, log *slog.Logger) (*sfn.Cleanup, error) {
-	ctx, cancel := lambdaenv.InitContext()
-	defer cancel()
+func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(context.Context, events.CloudWatchEvent) error, error) {
 	store, err := env.Store(ctx, log)
 	if err != nil {
 		return nil, err
@@ -40,8 +30,12 @@ func build(env *lambdaenv.Env, log *slog.Logger) (*sfn.Cleanup, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sfn.NewCleanup(sfn.CleanupConfig{
+	cleanup, err := sfn.NewCleanup(sfn.CleanupConfig{
 		Store: store, StateMachineARN: machine, Tasks: ecsTasks, TaskARN: lambdaenv.TaskARN,
 		Metrics: env.Metrics(os.Stdout), Logger: log,
 	})
+	if err != nil {
+		return nil, err
+	}
+	return cleanup.Handle, nil
 }

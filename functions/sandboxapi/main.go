@@ -5,29 +5,17 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"os"
-
-	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/belay-dev/belay/internal/apigateway"
 	"github.com/belay-dev/belay/internal/lambdaenv"
 )
 
-func main() {
-	env := lambdaenv.FromOS("sandboxapi")
-	log := env.Logger(os.Stdout)
-	h, err := build(env, log)
-	if err != nil {
-		log.Error("sandboxapi: start", "err", err.Error())
-		os.Exit(1)
-	}
-	lambda.Start(h)
-}
+func main() { lambdaenv.Start("sandboxapi", build) }
 
-func build(env *lambdaenv.Env, log *slog.Logger) (apigateway.BufferedHandler, error) {
-	ctx, cancel := lambdaenv.InitContext()
-	defer cancel()
+func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigateway.BufferedHandler, error) {
 	store, err := env.Store(ctx, log)
 	if err != nil {
 		return nil, err

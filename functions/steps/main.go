@@ -5,29 +5,17 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"os"
-
-	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/belay-dev/belay/internal/lambdaenv"
 	"github.com/belay-dev/belay/internal/sfn"
 )
 
-func main() {
-	env := lambdaenv.FromOS("steps")
-	log := env.Logger(os.Stdout)
-	tasks, err := build(env, log)
-	if err != nil {
-		log.Error("steps: start", "err", err.Error())
-		os.Exit(1)
-	}
-	lambda.Start(tasks.Handle)
-}
+func main() { lambdaenv.Start("steps", build) }
 
-func build(env *lambdaenv.Env, log *slog.Logger) (*sfn.Tasks, error) {
-	ctx, cancel := lambdaenv.InitContext()
-	defer cancel()
+func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(context.Context, sfn.TaskRequest) (any, error), error) {
 	store, err := env.Store(ctx, log)
 	if err != nil {
 		return nil, err
@@ -40,8 +28,12 @@ func build(env *lambdaenv.Env, log *slog.Logger) (*sfn.Tasks, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sfn.NewTasks(sfn.TasksConfig{
+	tasks, err := sfn.NewTasks(sfn.TasksConfig{
 		Store: store, Artifacts: artifacts, Tasks: ecsTasks, TaskARN: lambdaenv.TaskARN,
 		Metrics: env.Metrics(os.Stdout), Logger: log,
 	})
+	if err != nil {
+		return nil, err
+	}
+	return tasks.Handle, nil
 }

@@ -104,8 +104,11 @@ func Streaming(h http.Handler, o StreamOptions) StreamingHandler {
 					note = "stream closed before the integration's limit; the client reconnects with Last-Event-ID"
 				}
 				w.commit(http.StatusOK)
-				_ = pw.Close()
+				// Logged before the body ends, so the line (and the
+				// metric) is written before the runtime reports the
+				// invocation done.
 				access(ctx, log, o.Options, ev, w.status, w.header.Get(wire.RequestIDHeader), start, note)
+				_ = pw.Close()
 			}()
 			h.ServeHTTP(w, req.WithContext(hctx))
 		}()

@@ -21,10 +21,12 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -120,6 +122,26 @@ func (e *Env) Require(name, what string) (string, error) {
 		return "", fmt.Errorf("%s is not set: %s", name, what)
 	}
 	return v, nil
+}
+
+// Start is a function's main: it builds the handler with build (bounded by
+// InitContext), logging the error and exiting 1 when that fails (Lambda
+// then reports the init error), and hands it to the Lambda runtime.
+func Start[H any](function string, build func(ctx context.Context, env *Env, log *slog.Logger) (H, error)) {
+	env := FromOS(function)
+	log := env.Logger(os.Stdout)
+	ctx, cancel := InitContext()
+	h, err := build(ctx, env, log)
+	cancel()
+	if err == nil && reflect.TypeOf(h).Kind() != reflect.Func {
+		// lambda.Start would only say so at the first event.
+		err = fmt.Errorf("the handler is a %T, not a function", h)
+	}
+	if err != nil {
+		log.Error(function+": start", "err", err.Error())
+		os.Exit(1)
+	}
+	lambda.Start(h)
 }
 
 // Logger returns the function's JSON logger on w (os.Stdout in Lambda, where
@@ -220,53 +242,45 @@ func (e *Env) S3(ctx context.Context) (*awss3.Client, error) {
 // SFN returns a Step Functions client: at EnvSFNEndpoint (else
 // EnvAWSEndpoint) when set, else the real service.
 func (e *Env) SFN(ctx context.Context) (*sfn.Client, error) {
-	ep, _, err := e.endpoint(EnvSFNEndpoint)
-	if err != nil {
-		return nil, err
-	}
-	if ep != "" {
-		return sfn.New(sfn.Options{Region: localRegion, BaseEndpoint: aws.String(ep), Credentials: localCredentials}), nil
-	}
-	cfg, err := e.config(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return sfn.NewFromConfig(cfg), nil
+	return client(ctx, e, EnvSFNEndpoint,
+		func(o aws.Config) *sfn.Client { return sfn.NewFromConfig(o) })
 }
 
 // ECS returns an ECS client: at EnvECSEndpoint (else EnvAWSEndpoint) when
 // set, else the real service.
 func (e *Env) ECS(ctx context.Context) (*ecs.Client, error) {
-	ep, _, err := e.endpoint(EnvECSEndpoint)
-	if err != nil {
-		return nil, err
-	}
-	if ep != "" {
-		return ecs.New(ecs.Options{Region: localRegion, BaseEndpoint: aws.String(ep), Credentials: localCredentials}), nil
-	}
-	cfg, err := e.config(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return ecs.NewFromConfig(cfg), nil
+	return client(ctx, e, EnvECSEndpoint,
+		func(o aws.Config) *ecs.Client { return ecs.NewFromConfig(o) })
 }
 
 // secretsManager returns a Secrets Manager client: at
 // EnvSecretsManagerEndpoint (else EnvAWSEndpoint) when set, else the real
 // service.
 func (e *Env) secretsManager(ctx context.Context) (*secretsmanager.Client, error) {
-	ep, _, err := e.endpoint(EnvSecretsManagerEndpoint)
+	return client(ctx, e, EnvSecretsManagerEndpoint,
+		func(o aws.Config) *secretsmanager.Client { return secretsmanager.NewFromConfig(o) })
+}
+
+// client builds a service's client from a configuration: the default one
+// for the real service, or, when the service's endpoint variable (or
+// EnvAWSEndpoint) is set, one for that local peer in localRegion with
+// local credentials. The local configuration is built by hand, not
+// loaded, so nothing of the machine's AWS setup (AWS_CA_BUNDLE, profiles)
+// applies to it.
+func client[C any](ctx context.Context, e *Env, endpointVar string, build func(aws.Config) C) (C, error) {
+	var zero C
+	ep, _, err := e.endpoint(endpointVar)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	if ep != "" {
-		return secretsmanager.New(secretsmanager.Options{Region: localRegion, BaseEndpoint: aws.String(ep), Credentials: localCredentials}), nil
+		return build(aws.Config{Region: localRegion, BaseEndpoint: aws.String(ep), Credentials: localCredentials}), nil
 	}
 	cfg, err := e.config(ctx)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	return secretsmanager.NewFromConfig(cfg), nil
+	return build(cfg), nil
 }
 
 // Store returns the DynamoDB store on EnvTable.

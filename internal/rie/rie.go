@@ -66,8 +66,10 @@ func build() (string, error) {
 			return
 		}
 		buildDir = dir
+		// The sandbox entry too, for tests that run a whole run against
+		// the functions.
 		cmd := exec.Command("go", "build", "-tags", "lambda.norpc", "-trimpath", "-o", dir+string(filepath.Separator),
-			"./functions/...", emulatorPkg)
+			"./functions/...", "./sandbox-task", emulatorPkg)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -89,8 +91,9 @@ func moduleRoot() (string, error) {
 	return filepath.Dir(mod), nil
 }
 
-// Bootstrap returns the path of the named function's bootstrap, building
-// all of them (once) if needed.
+// Bootstrap returns the path of the named function's bootstrap (or of
+// "sandbox-task", the sandbox entry), building all of them (once) if
+// needed.
 func Bootstrap(tb testing.TB, function string) string {
 	tb.Helper()
 	dir, err := build()
@@ -139,8 +142,7 @@ func Start(tb testing.TB, function string, env map[string]string) *Function {
 	f.cmd = cmd
 	go func() { _ = cmd.Wait(); close(f.done) }()
 	tb.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-f.done
+		f.Stop()
 		if tb.Failed() {
 			tb.Logf("%s's emulator log:\n%s", function, f.Logs())
 		}
@@ -164,6 +166,12 @@ func Start(tb testing.TB, function string, env map[string]string) *Function {
 	}
 }
 
+// Stop kills the emulator and its function, and waits for them.
+func (f *Function) Stop() {
+	_ = f.cmd.Process.Kill()
+	<-f.done
+}
+
 // freeAddr returns a loopback address with a port free a moment ago.
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
@@ -176,27 +184,38 @@ func freeAddr(tb testing.TB) string {
 }
 
 // Invoke sends one event and returns the emulator's status and body. The
-// first invocation also initializes the function.
+// first invocation also initializes the function. A failed call fails the
+// test.
 func (f *Function) Invoke(tb testing.TB, event []byte) (int, []byte) {
 	tb.Helper()
+	status, body, err := f.Call(context.Background(), event)
+	if err != nil {
+		tb.Fatalf("%v\n%s", err, f.Logs())
+	}
+	return status, body
+}
+
+// Call is Invoke for a goroutine other than the test's: it reports a
+// failed call as an error.
+func (f *Function) Call(ctx context.Context, event []byte) (int, []byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.url, bytes.NewReader(event))
 	if err != nil {
-		tb.Fatal(err)
+		return 0, nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		tb.Fatalf("invoke %s: %v\n%s", f.Name, err, f.Logs())
+		return 0, nil, fmt.Errorf("invoke %s: %w", f.Name, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		tb.Fatalf("read %s's answer: %v", f.Name, err)
+		return 0, nil, fmt.Errorf("read %s's answer: %w", f.Name, err)
 	}
-	return resp.StatusCode, body
+	return resp.StatusCode, body, nil
 }
 
 // InvokeError is a handler error as the runtime reports it.
