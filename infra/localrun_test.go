@@ -71,13 +71,13 @@ type localAWS struct {
 	values map[string]string // "LogicalId" and "LogicalId.Attr" → local value
 	def    string            // the resolved definition's file
 
-	dynamoURL string
-	table     string
-	store     *dynamo.Store
-	artifacts *belays3.Store
-	s3URL     string
-	bucket    string
-	secrets   map[string]string // secret ARN → value
+	dynamoURL                 string
+	table                     string
+	store                     *dynamo.Store
+	artifacts                 *belays3.Store
+	s3URL                     string
+	bucket                    string
+	secrets                   map[string]string // secret ARN → value
 	providerKey, controlToken string
 
 	fns      map[string]*rie.Function // by function name
@@ -632,8 +632,8 @@ type taskRunner struct {
 	// ECS reports the task stopped (a test's forged upload).
 	afterExit func(execution string)
 	mu        sync.Mutex
-	tasks map[string]*localTask // by task ARN
-	meta  *httptest.Server      // the task metadata endpoint (v4)
+	tasks     map[string]*localTask // by task ARN
+	meta      *httptest.Server      // the task metadata endpoint (v4)
 }
 
 type localTask struct {

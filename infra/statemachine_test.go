@@ -139,8 +139,8 @@ func calcRun(tb testing.TB, extra ...belay.File) belay.RunRequest {
 		files = append(files, belay.File{Path: p, Content: string(b)})
 	}
 	return belay.RunRequest{
-		Instruction: "Fix the failing test in calc.py",
-		Files:       append(files, extra...),
+		Instruction:  "Fix the failing test in calc.py",
+		Files:        append(files, extra...),
 		AllowedPaths: []string{"calc.py"},
 		Checks:       [][]string{{"python3", "-m", "pytest", "-q"}},
 		MaxSteps:     12, WallTimeSeconds: 120,

@@ -313,9 +313,9 @@ func TestPublicAPIRoutes(t *testing.T) {
 			// Access logs and throttling on the stage.
 			check(t, "public stage", func() {
 				st.tpl.HasResourceProperties(jsii.String("AWS::ApiGateway::Stage"), like(&map[string]any{
-					"RestApiId":         ref(api),
-					"StageName":         publicStage,
-					"AccessLogSetting":  like(&map[string]any{"DestinationArn": assertions.Match_AnyValue(), "Format": assertions.Match_AnyValue()}),
+					"RestApiId":        ref(api),
+					"StageName":        publicStage,
+					"AccessLogSetting": like(&map[string]any{"DestinationArn": assertions.Match_AnyValue(), "Format": assertions.Match_AnyValue()}),
 					"MethodSettings": with(&[]any{like(&map[string]any{
 						"HttpMethod": "*", "ResourcePath": "/*",
 						"ThrottlingRateLimit":  st.s.cfg.ThrottleRate,
@@ -548,13 +548,13 @@ var noResourceLevel = map[string]bool{
 // narrowWildcards are the ARN patterns with a wildcard that the stack
 // uses, each because the rest of the name is known only at run time.
 var narrowWildcards = []*regexp.Regexp{
-	regexp.MustCompile(`/runs/\*"`),                       // artifacts runs/<runId>/<name>
-	regexp.MustCompile(`:execution:\$\{Name\}:\*"`),       // executions named by run id
-	regexp.MustCompile(`:task/\$\{Cluster\}/\*"`),         // the cluster's tasks
-	regexp.MustCompile(`"/\*/internal/\*"`),               // the private API's internal routes
-	regexp.MustCompile(`/prod/\*/v1/\*"`),                 // the public API's routes (the sigv4 caller policy)
-	regexp.MustCompile(`starport-layer-bucket/\*"`),       // ECR's layers (S3 endpoint policy)
-	regexp.MustCompile(`:\$\{AWS::AccountId\}:\*"`),       // execute-api endpoint: this account's APIs
+	regexp.MustCompile(`/runs/\*"`),                 // artifacts runs/<runId>/<name>
+	regexp.MustCompile(`:execution:\$\{Name\}:\*"`), // executions named by run id
+	regexp.MustCompile(`:task/\$\{Cluster\}/\*"`),   // the cluster's tasks
+	regexp.MustCompile(`"/\*/internal/\*"`),         // the private API's internal routes
+	regexp.MustCompile(`/prod/\*/v1/\*"`),           // the public API's routes (the sigv4 caller policy)
+	regexp.MustCompile(`starport-layer-bucket/\*"`), // ECR's layers (S3 endpoint policy)
+	regexp.MustCompile(`:\$\{AWS::AccountId\}:\*"`), // execute-api endpoint: this account's APIs
 }
 
 func TestNoWildcardWhereANarrowerResourceExists(t *testing.T) {

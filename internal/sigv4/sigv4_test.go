@@ -67,7 +67,11 @@ func verify(r *http.Request, body []byte, secret string) error {
 	date := r.Header.Get("X-Amz-Date")
 	toSign := strings.Join([]string{"AWS4-HMAC-SHA256", date, scope[1], hex.EncodeToString(creq[:])}, "\n")
 	parts := strings.Split(scope[1], "/") // date/region/service/aws4_request
-	mac := func(key []byte, s string) []byte { h := hmac.New(sha256.New, key); h.Write([]byte(s)); return h.Sum(nil) }
+	mac := func(key []byte, s string) []byte {
+		h := hmac.New(sha256.New, key)
+		h.Write([]byte(s))
+		return h.Sum(nil)
+	}
 	k := mac([]byte("AWS4"+secret), parts[0])
 	k = mac(k, parts[1])
 	k = mac(k, parts[2])
