@@ -161,3 +161,7 @@ func (refusingArtifacts) GetArtifact(context.Context, string, string) ([]byte, e
 func (refusingArtifacts) ListArtifacts(context.Context, string) ([]belay.ArtifactInfo, error) {
 	return nil, belay.Errorf(belay.CodeUnavailable, "this function does not read artifacts")
 }
+
+func (refusingArtifacts) DeleteArtifact(context.Context, string, string) error {
+	return belay.Errorf(belay.CodeUnavailable, "this function does not store artifacts")
+}
