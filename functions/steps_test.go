@@ -180,6 +180,74 @@ func TestSteps(t *testing.T) {
 		}
 	})
 
+	t.Run("resume", func(t *testing.T) {
+		id := newRunID()
+		seedRun(t, p.store, id)
+		fn.Result(t, taskInput(t, "activate.json", id), nil)
+		// The task of attempt 1 was killed (exit code 137) before it
+		// uploaded a result: the run goes on with attempt 2.
+		var res sfn.ResumeResult
+		fn.Result(t, taskInput(t, "resume.json", id), &res)
+		stored, _ := p.store.GetRun(t.Context(), id)
+		if !res.Resume || res.Attempt != 2 || res.RunID != id || res.TimeoutSeconds < 100 || res.TimeoutSeconds > 180 || stored.Attempt != 2 {
+			t.Fatalf("resume = %+v, run at attempt %d; want resumed at attempt 2 within the run's deadline", res, stored.Attempt)
+		}
+		if len(stored.LostAttempts) != 1 || stored.LostAttempts[0].Reason != "sandbox exited with code 137" {
+			t.Fatalf("lost attempts %+v", stored.LostAttempts)
+		}
+		hash, ok := belay.HashClaimCode(res.Claim)
+		if !ok {
+			t.Fatal("resume returned no claim code")
+		}
+		// A retried resume of the same loss issues a new code for the same
+		// attempt, and moves nothing.
+		var again sfn.ResumeResult
+		fn.Result(t, taskInput(t, "resume.json", id), &again)
+		if !again.Resume || again.Attempt != 2 || again.Claim == res.Claim {
+			t.Fatalf("repeated resume = %+v", again)
+		}
+		if c, err := p.store.ConsumeClaim(t.Context(), hash, id, stored.UpdatedAt); err != nil || c.Attempt != 2 {
+			t.Fatalf("ConsumeClaim(the resumed attempt's code) = %+v, %v", c, err)
+		}
+		types := []string{}
+		for _, e := range runEvents(t, p.store, id) {
+			types = append(types, e.Type)
+		}
+		if want := []string{"run.queued", "run.started", "sandbox.lost", "run.resumed"}; strings.Join(types, ",") != strings.Join(want, ",") {
+			t.Fatalf("events %v, want %v", types, want)
+		}
+		// Attempts 2 and 3 are lost the same way: after the limit the run
+		// is not resumed, and validate fails it naming the attempts.
+		res = sfn.ResumeResult{}
+		fn.Result(t, taskInput(t, "resume.json", id, func(r *sfn.TaskRequest) { r.Attempt = 2 }), &res)
+		if !res.Resume || res.Attempt != 3 {
+			t.Fatalf("resume of attempt 2 = %+v", res)
+		}
+		res = sfn.ResumeResult{}
+		fn.Result(t, taskInput(t, "resume.json", id, func(r *sfn.TaskRequest) { r.Attempt = 3 }), &res)
+		want := "sandbox exited with code 137 on attempt 3; gave up after 3 attempts (2 resumes, the limit)"
+		if res.Resume || res.Reason != want {
+			t.Fatalf("resume of attempt 3 = %+v, want no resume: %q", res, want)
+		}
+		var o sfn.Outcome
+		fn.Result(t, taskInput(t, "resume.json", id, func(r *sfn.TaskRequest) {
+			r.Step, r.Attempt, r.Resume = sfn.StepValidate, 3, &res
+		}), &o)
+		if o.Status != belay.StatusFailed || o.Reason != want {
+			t.Fatalf("validate after the last loss = %+v, want failed: %q", o, want)
+		}
+		// A task that uploaded its result is validated, not resumed.
+		done := newRunID()
+		seedRun(t, p.store, done)
+		fn.Result(t, taskInput(t, "activate.json", done), nil)
+		putOutputs(t, p, done, 1)
+		var validated sfn.ResumeResult
+		fn.Result(t, taskInput(t, "resume.json", done), &validated)
+		if validated.Resume || validated.Reason != "" || validated.Claim != "" {
+			t.Fatalf("resume of a task with a result = %+v, want none", validated)
+		}
+	})
+
 	t.Run("unknown step", func(t *testing.T) {
 		status, body := fn.Invoke(t, taskInput(t, "unknown-step.json", run))
 		e, ok := rie.HandlerError(body)

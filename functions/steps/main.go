@@ -1,7 +1,7 @@
 // Command steps is the Lambda function the runs' state machine calls for
 // each task state: one handler that switches on the input's "step"
-// (activate, validate, finalize, fail; CONTRACTS.md "Step Functions
-// tasks"). The README lists its environment.
+// (activate, resume, validate, finalize, fail; CONTRACTS.md "Step
+// Functions tasks"). The README lists its environment.
 package main
 
 import (
@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/lambdaenv"
 	"github.com/belay-dev/belay/internal/sfn"
 )
@@ -28,9 +29,13 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(cont
 	if err != nil {
 		return nil, err
 	}
+	maxResumes, err := sfn.ParseMaxResumes(env.Get(belay.EnvMaxResumes))
+	if err != nil {
+		return nil, err
+	}
 	tasks, err := sfn.NewTasks(sfn.TasksConfig{
 		Store: store, Artifacts: artifacts, Tasks: ecsTasks, TaskARN: lambdaenv.TaskARN,
-		Metrics: env.Metrics(os.Stdout), Logger: log,
+		Metrics: env.Metrics(os.Stdout), Logger: log, MaxResumes: maxResumes,
 	})
 	if err != nil {
 		return nil, err

@@ -29,6 +29,15 @@ const MaxCheckpointBytes = 4 << 20
 // at most, unless the operator says otherwise: three attempts in all.
 const DefaultMaxResumes = 2
 
+// MaxMaxResumes bounds what an operator may set: more would let a sandbox
+// that dies at once be started again and again.
+const MaxMaxResumes = 20
+
+// EnvMaxResumes is the variable that sets the most resumes of a run, for
+// belay serve and the steps function alike: a whole number from 0 (never
+// resume) to MaxMaxResumes.
+const EnvMaxResumes = "BELAY_MAX_RESUMES"
+
 // MinResumeTime is the least time a run must have left before its
 // deadline for a lost sandbox to be replaced: a sandbox needs a few
 // seconds to start and rebuild its workspace before it can do anything.

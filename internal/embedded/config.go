@@ -32,7 +32,7 @@ const (
 	EnvSandboxEventBytes = "BELAY_SANDBOX_EVENT_BYTES"
 	// EnvMaxResumes is how many times a run whose sandbox was lost (or
 	// that a restart interrupted) resumes on a new sandbox, at most.
-	EnvMaxResumes = "BELAY_MAX_RESUMES"
+	EnvMaxResumes = belay.EnvMaxResumes
 )
 
 // Defaults of Config.
@@ -162,9 +162,8 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 	}
 }
 
-// MaxMaxResumes bounds Config.MaxResumes: more would let a sandbox that
-// dies at once be started again and again.
-const MaxMaxResumes = 20
+// MaxMaxResumes bounds Config.MaxResumes (belay.MaxMaxResumes).
+const MaxMaxResumes = belay.MaxMaxResumes
 
 // resumesFromEnv reads BELAY_MAX_RESUMES: nil when unset, -1 when it is
 // not a whole number from 0 to MaxMaxResumes, which New then refuses

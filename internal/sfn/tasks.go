@@ -36,6 +36,9 @@ type TaskRequest struct {
 	// Error is the Catch's error, or null.
 	Error   *StateError `json:"error,omitempty"`
 	Outcome *Outcome    `json:"outcome,omitempty"`
+	// Resume is the resume step's answer, for validate: when it did not
+	// resume a lost sandbox, its Reason is the run's failure.
+	Resume *ResumeResult `json:"resume,omitempty"`
 }
 
 // StateError is what a Catch passes on: the error's name and its cause.
@@ -75,20 +78,26 @@ type TasksConfig struct {
 	// TokenGrace is how long the run's capability, and the RunTask state,
 	// outlive its wall time. Zero means orchestrator.DefaultTokenGrace.
 	TokenGrace time.Duration
+	// MaxResumes is how many times a run whose sandbox task was lost
+	// resumes on a new task, at most: zero means
+	// belay.DefaultMaxResumes, a negative value never (see
+	// ParseMaxResumes).
+	MaxResumes int
 }
 
 // Tasks is the steps function's handler: one entry point that switches on
 // the request's step.
 type Tasks struct {
-	store     belay.Store
-	artifacts belay.ArtifactStore
-	tasks     TaskStopper
-	taskARN   func(belay.Run) string
-	metrics   *emf.Recorder
-	log       *slog.Logger
-	now       func() time.Time
-	entropy   io.Reader
-	grace     time.Duration
+	store      belay.Store
+	artifacts  belay.ArtifactStore
+	tasks      TaskStopper
+	taskARN    func(belay.Run) string
+	metrics    *emf.Recorder
+	log        *slog.Logger
+	now        func() time.Time
+	entropy    io.Reader
+	grace      time.Duration
+	maxResumes int
 }
 
 // NewTasks checks cfg and returns the handler.
@@ -103,6 +112,12 @@ func NewTasks(cfg TasksConfig) (*Tasks, error) {
 	}
 	if t.grace <= 0 {
 		t.grace = orchestrator.DefaultTokenGrace
+	}
+	switch t.maxResumes = cfg.MaxResumes; {
+	case t.maxResumes == 0:
+		t.maxResumes = belay.DefaultMaxResumes
+	case t.maxResumes < 0:
+		t.maxResumes = 0
 	}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
@@ -127,6 +142,8 @@ func (t *Tasks) Handle(ctx context.Context, req TaskRequest) (any, error) {
 		return t.activate(ctx, req.RunID)
 	case StepValidate:
 		return t.validate(ctx, req)
+	case StepResume:
+		return t.resume(ctx, req)
 	case StepFinalize:
 		if req.Outcome == nil {
 			return nil, fmt.Errorf("finalize run %s: no outcome", req.RunID)
@@ -135,7 +152,7 @@ func (t *Tasks) Handle(ctx context.Context, req TaskRequest) (any, error) {
 	case StepFail:
 		return t.fail(ctx, req)
 	}
-	return nil, fmt.Errorf("unknown step %q (want %s, %s, %s or %s)", req.Step, StepActivate, StepValidate, StepFinalize, StepFail)
+	return nil, fmt.Errorf("unknown step %q (want %s, %s, %s, %s or %s)", req.Step, StepActivate, StepResume, StepValidate, StepFinalize, StepFail)
 }
 
 // finalize revokes the run's capability (its sandbox is gone) and records
@@ -227,6 +244,10 @@ func (t *Tasks) validate(ctx context.Context, req TaskRequest) (Outcome, error) 
 	}
 	files := orchestrator.ReadOutputs(ctx, t.artifacts, run, t.log.With("run_id", run.ID))
 	out := orchestrator.Validate(run, exit, files, waitErr)
+	if r := req.Resume; r != nil && !r.Resume && r.Reason != "" && out.Status == belay.StatusFailed {
+		// The sandbox was lost and not replaced: say how, and why not.
+		out.Reason = r.Reason
+	}
 	res := Outcome{Status: out.Status, Reason: out.Reason, ExitCode: out.ExitCode, Checks: out.Checks, ChangedFiles: out.ChangedFiles}
 	for _, name := range belay.ArtifactNames {
 		content, ok := out.Files[name]
