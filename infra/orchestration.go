@@ -22,6 +22,9 @@ const (
 	stateActivate = "Activate"
 	statePrepare  = "PrepareSandbox"
 	stateRun      = "RunSandbox"
+	stateResume   = "Resume"
+	stateChoose   = "ResumeOrValidate"
+	stateNext     = "NextAttempt"
 	stateValidate = "Validate"
 	stateFinalize = "Finalize"
 	stateFail     = "Fail"
@@ -50,12 +53,16 @@ const lambdaTaskTimeout = 70
 // stepsDefinition is the state machine, in the Amazon States Language:
 //
 //	Activate → PrepareSandbox → RunSandbox (ECS RunTask .sync, timeout from
-//	activate) → Validate → Finalize
+//	activate) → Resume → ResumeOrValidate ─ resume → NextAttempt → PrepareSandbox
+//	                                        └ else → Validate → Finalize
 //
-// RunSandbox's Catch goes to Validate with the error (a sandbox that exits
-// non-zero, times out or cannot start still has its outcome decided and
-// recorded there); every other Catch goes to Fail, which finalizes the run
-// failed and revokes its capability, then ends the execution failed.
+// RunSandbox's Catch goes to Resume with the error (a sandbox that exits
+// non-zero, times out or cannot start is decided there and then in
+// Validate). Resume decides whether a lost sandbox is replaced (DESIGN.md
+// "Checkpoints and resume"): NextAttempt puts its claim code and timeout
+// where RunSandbox reads them ($.activate), so each attempt runs the same
+// states. Every other Catch goes to Fail, which finalizes the run failed
+// and revokes its capability, then ends the execution failed.
 func stepsDefinition(subnets int) (string, error) {
 	sub := func(name string) string { return "${" + name + "}" }
 	lambdaRetry := []any{map[string]any{
@@ -95,14 +102,14 @@ func stepsDefinition(subnets int) (string, error) {
 	}}
 
 	def := map[string]any{
-		"Comment":        "belay run: activate the capability, run the sandbox task, validate its outputs, finalize; every error ends in Fail, which finalizes the run failed and revokes the capability",
+		"Comment":        "belay run: activate the capability, run the sandbox task (again, from the run's latest checkpoint, while a lost one is resumed), validate its outputs, finalize; every error ends in Fail, which finalizes the run failed and revokes the capability",
 		"StartAt":        stateActivate,
 		"TimeoutSeconds": executionTimeout,
 		"States": map[string]any{
 			stateActivate: step(map[string]any{"step": "activate", "runId.$": "$.runId"}, "$.activate", statePrepare),
 			statePrepare: map[string]any{
 				"Type":       "Pass",
-				"Comment":    "Validate reads both the task's output and the error; only one of them is set later",
+				"Comment":    "Resume and Validate read both the task's output and the error; only one of them is set later",
 				"Result":     map[string]any{"task": nil, "error": nil},
 				"ResultPath": "$.sandbox",
 				"Next":       stateRun,
@@ -135,12 +142,32 @@ func stepsDefinition(subnets int) (string, error) {
 				},
 				"TimeoutSecondsPath": "$.activate.timeoutSeconds",
 				"ResultPath":         "$.sandbox.task",
-				"Catch":              []any{map[string]any{"ErrorEquals": []string{"States.ALL"}, "ResultPath": "$.sandbox.error", "Next": stateValidate}},
-				"Next":               stateValidate,
+				"Catch":              []any{map[string]any{"ErrorEquals": []string{"States.ALL"}, "ResultPath": "$.sandbox.error", "Next": stateResume}},
+				"Next":               stateResume,
+			},
+			stateResume: step(map[string]any{
+				"step": "resume", "runId.$": "$.runId", "attempt.$": "$.activate.attempt",
+				"task.$": "$.sandbox.task", "error.$": "$.sandbox.error",
+			}, "$.resume", stateChoose),
+			stateChoose: map[string]any{
+				"Type":    "Choice",
+				"Comment": "a lost sandbox that Resume replaces runs again as the next attempt; anything else is validated",
+				"Choices": []any{map[string]any{"Variable": "$.resume.resume", "BooleanEquals": true, "Next": stateNext}},
+				"Default": stateValidate,
+			},
+			stateNext: map[string]any{
+				"Type":    "Pass",
+				"Comment": "the next attempt's claim code and timeout, where RunSandbox reads them",
+				"Parameters": map[string]any{
+					"runId.$": "$.resume.runId", "attempt.$": "$.resume.attempt",
+					"claim.$": "$.resume.claim", "timeoutSeconds.$": "$.resume.timeoutSeconds",
+				},
+				"ResultPath": "$.activate",
+				"Next":       statePrepare,
 			},
 			stateValidate: step(map[string]any{
 				"step": "validate", "runId.$": "$.runId", "attempt.$": "$.activate.attempt",
-				"task.$": "$.sandbox.task", "error.$": "$.sandbox.error",
+				"task.$": "$.sandbox.task", "error.$": "$.sandbox.error", "resume.$": "$.resume",
 			}, "$.outcome", stateFinalize),
 			stateFinalize: step(map[string]any{"step": "finalize", "runId.$": "$.runId", "outcome.$": "$.outcome"}, "$.finalize", ""),
 			stateFail:     failStep,

@@ -40,9 +40,9 @@ func TestStateMachineDefinition(t *testing.T) {
 	st := synthesized(t).token
 	def := definition(t, st)
 	states := def["States"].(map[string]any)
-	// Every Task's errors end in Fail, except RunSandbox's, which Validate
-	// decides; Fail itself has no Catch (if it fails, the execution fails
-	// and cleanup runs).
+	// Every Task's errors end in Fail, except RunSandbox's, which Resume
+	// and Validate decide; Fail itself has no Catch (if it fails, the
+	// execution fails and cleanup runs).
 	for name, s := range states {
 		s := s.(map[string]any)
 		if s["Type"] != "Task" {
@@ -51,7 +51,7 @@ func TestStateMachineDefinition(t *testing.T) {
 		want := stateFail
 		switch name {
 		case stateRun:
-			want = stateValidate
+			want = stateResume
 		case stateFail:
 			if s["Catch"] != nil {
 				t.Errorf("Fail has a Catch: %v", s["Catch"])
@@ -74,6 +74,34 @@ func TestStateMachineDefinition(t *testing.T) {
 	params := run["Parameters"].(map[string]any)
 	if params["EnableExecuteCommand"] != false || params["LaunchType"] != "FARGATE" {
 		t.Errorf("RunSandbox parameters: %v", params)
+	}
+	// The resume loop: RunSandbox → Resume → (resume) NextAttempt, which
+	// puts the new claim and timeout where RunSandbox reads them, →
+	// PrepareSandbox; otherwise Validate, told what Resume decided.
+	if run["Next"] != stateResume {
+		t.Errorf("RunSandbox goes on to %v, want %s", run["Next"], stateResume)
+	}
+	resume := states[stateResume].(map[string]any)
+	rp := resume["Parameters"].(map[string]any)
+	if rp["step"] != "resume" || rp["attempt.$"] != "$.activate.attempt" || rp["task.$"] != "$.sandbox.task" ||
+		rp["error.$"] != "$.sandbox.error" || resume["ResultPath"] != "$.resume" || resume["Next"] != stateChoose {
+		t.Errorf("Resume: %v", resume)
+	}
+	choose := states[stateChoose].(map[string]any)
+	choices := listOf(choose["Choices"])
+	if choose["Type"] != "Choice" || choose["Default"] != stateValidate || len(choices) != 1 ||
+		choices[0].(map[string]any)["Variable"] != "$.resume.resume" || choices[0].(map[string]any)["BooleanEquals"] != true ||
+		choices[0].(map[string]any)["Next"] != stateNext {
+		t.Errorf("ResumeOrValidate: %v", choose)
+	}
+	next := states[stateNext].(map[string]any)
+	np := next["Parameters"].(map[string]any)
+	if next["Type"] != "Pass" || next["ResultPath"] != "$.activate" || next["Next"] != statePrepare ||
+		np["claim.$"] != "$.resume.claim" || np["timeoutSeconds.$"] != "$.resume.timeoutSeconds" || np["attempt.$"] != "$.resume.attempt" {
+		t.Errorf("NextAttempt: %v", next)
+	}
+	if vp := states[stateValidate].(map[string]any)["Parameters"].(map[string]any); vp["resume.$"] != "$.resume" {
+		t.Errorf("Validate is not told what Resume decided: %v", vp)
 	}
 	check(t, "state machine", func() {
 		st.tpl.HasResourceProperties(jsii.String("AWS::StepFunctions::StateMachine"), like(&map[string]any{
@@ -120,7 +148,7 @@ func TestStateMachineValidates(t *testing.T) {
 	// And it refuses a broken one: the check can fail.
 	b, _ := os.ReadFile(l.def)
 	broken := filepath.Join(t.TempDir(), "broken.json")
-	_ = os.WriteFile(broken, []byte(strings.Replace(string(b), `"Next": "`+stateValidate+`"`, `"Next": "Nowhere"`, 1)), 0o644)
+	_ = os.WriteFile(broken, []byte(strings.Replace(string(b), `"Next": "`+stateResume+`"`, `"Next": "Nowhere"`, 1)), 0o644)
 	if out, err := exec.Command(node22(t), "../node_modules/asl-validator/dist/bin/asl-validator.js", "--json-path", broken).CombinedOutput(); err == nil {
 		t.Errorf("asl-validator accepted a definition with a missing state: %s", out)
 	}
@@ -178,7 +206,7 @@ func TestLocalExecution(t *testing.T) {
 	l := startLocalAWS(t)
 	ctx := t.Context()
 	c := l.client(t)
-	happy := []string{stateActivate, statePrepare, stateRun, stateValidate, stateFinalize}
+	happy := []string{stateActivate, statePrepare, stateRun, stateResume, stateChoose, stateValidate, stateFinalize}
 
 	t.Run("completes with its patch", func(t *testing.T) {
 		model := l.upstream.session(t, fixCalcScript(t), nil)
@@ -221,13 +249,14 @@ func TestLocalExecution(t *testing.T) {
 		}
 	})
 
-	t.Run("a sandbox that exits non-zero ends failed with the capability revoked", func(t *testing.T) {
+	t.Run("a sandbox killed once resumes on a new task and completes", func(t *testing.T) {
 		var runID string
 		var once sync.Once
 		var active belay.CapabilityState
-		l.upstream.session(t, fixCalcScript(t), func(r scriptedmodel.Request) {
+		model := l.upstream.session(t, fixCalcScript(t), func(r scriptedmodel.Request) {
 			// The second model call: the run is under way; the task dies
-			// as the OOM killer would kill it.
+			// as the OOM killer would kill it. Once: the next attempt's
+			// second call goes through.
 			if r.Step == 1 {
 				once.Do(func() {
 					active = l.capability(t, runID).State
@@ -235,34 +264,64 @@ func TestLocalExecution(t *testing.T) {
 				})
 			}
 		})
-		created, err := c.CreateRun(ctx, calcRun(t), "")
+		req := calcRun(t)
+		created, err := c.CreateRun(ctx, req, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		runID = created.RunID
 		e := l.wait(t, runID, 4*time.Minute)
-		if !slices.Equal(e.states(), happy) {
-			t.Fatalf("execution %s through %v (%s %s)", e.result.Status, e.states(), e.result.Error, e.result.Cause)
+		resumed := []string{stateActivate, statePrepare, stateRun, stateResume, stateChoose, stateNext,
+			statePrepare, stateRun, stateResume, stateChoose, stateValidate, stateFinalize}
+		if e.result.Status != "SUCCEEDED" || !slices.Equal(e.states(), resumed) {
+			t.Fatalf("execution %s through %v (%s %s), want %v", e.result.Status, e.states(), e.result.Error, e.result.Cause, resumed)
 		}
-		in := e.stateInput(stateValidate)
+		in := e.stateInput(stateResume)
 		sb, _ := json.Marshal(in["sandbox"])
 		if !strings.Contains(string(sb), `"Error":"States.TaskFailed"`) || !strings.Contains(string(sb), `\"ExitCode\":137`) {
-			t.Errorf("Validate got %s, want the TaskFailed error of exit code 137", sb)
+			t.Errorf("Resume got %s, want the TaskFailed error of exit code 137", sb)
 		}
 		run, err := c.GetRun(ctx, runID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if run.Status != belay.StatusFailed {
-			t.Errorf("run %s: %s (%s), want failed", runID, run.Status, run.Reason)
+		if run.Status != belay.StatusCompleted || run.Attempt != 2 || len(run.Attempts) != 2 || run.Attempts[0].Lost != "sandbox exited with code 137" {
+			t.Fatalf("run %s: %s (%s) at attempt %d, attempts %+v; want completed on attempt 2, the first lost",
+				runID, run.Status, run.Reason, run.Attempt, run.Attempts)
+		}
+		patch, err := c.GetArtifact(ctx, runID, "patch.diff")
+		if err != nil || !strings.Contains(string(patch), "+    return a + b") {
+			t.Errorf("patch.diff (%v):\n%s", err, patch)
 		}
 		if active != belay.CapabilityActive {
 			t.Errorf("capability while the sandbox ran: %q, want active", active)
 		}
-		if capab := l.capability(t, runID); capab.State != belay.CapabilityRevoked {
-			t.Errorf("capability after the failure: %s", capab.State)
+		capab := l.capability(t, runID)
+		if capab.State != belay.CapabilityRevoked || capab.UsedRequests > req.MaxRequests() {
+			t.Errorf("capability after the run: %+v; want revoked, at most %d requests over both attempts", capab, req.MaxRequests())
 		}
-		t.Logf("reason: %s", run.Reason)
+		if n := model.Calls(); n > req.MaxRequests() {
+			t.Errorf("the provider got %d calls; the run's budget is %d", n, req.MaxRequests())
+		}
+		events, err := l.store.ListEvents(ctx, runID, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lost, resumedEvents int
+		for i, ev := range events.Events {
+			if ev.Seq != int64(i+1) {
+				t.Fatalf("event %d has seq %d", i, ev.Seq)
+			}
+			switch ev.Type {
+			case belay.EventSandboxLost:
+				lost++
+			case belay.EventRunResumed:
+				resumedEvents++
+			}
+		}
+		if lost != 1 || resumedEvents != 1 {
+			t.Errorf("%d sandbox.lost and %d run.resumed events, want one each", lost, resumedEvents)
+		}
 	})
 
 	t.Run("a result that fails validation ends failed", func(t *testing.T) {
