@@ -13,11 +13,12 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/hardening"
 	"github.com/belay-dev/belay/internal/localsandbox"
 	"github.com/belay-dev/belay/internal/wire"
-	"golang.org/x/sys/unix"
 )
 
 // The attacks here are performed the way issue 16 found them: by files a
