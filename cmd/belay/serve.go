@@ -98,6 +98,7 @@ func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
 	}
 	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), upstream)
 	fmt.Fprintf(w, "  data:       %s\n", m.DataDir())
+	fmt.Fprintf(w, "  sandboxes:  %s\n", m.SandboxDir())
 	runs, artifacts := m.Storage()
 	fmt.Fprintf(w, "  runs:       %s\n", runs)
 	fmt.Fprintf(w, "  artifacts:  %s\n", artifacts)
