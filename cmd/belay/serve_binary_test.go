@@ -249,7 +249,7 @@ func testServeSurvivesAConnectionFlood(t *testing.T, belayBin string) {
 		t.Cleanup(func() { stdin.Close(); _ = cmd.Wait() })
 		var rep struct {
 			Opened, DialErrors, Asked, Unauthorized, CloseHeader, ClosedAfter int
-			FirstDialErr                                                   string
+			FirstDialErr                                                      string
 		}
 		line, err := bufio.NewReader(stdout).ReadBytes('\n')
 		if err != nil || json.Unmarshal(line, &rep) != nil {
