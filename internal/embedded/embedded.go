@@ -57,11 +57,12 @@ type Main struct {
 	streams   context.Context
 	endStream context.CancelFunc
 
-	mu        sync.Mutex
-	started   bool
-	addr      string
-	isolation []string
-	runErr    error
+	mu         sync.Mutex
+	started    bool
+	addr       string
+	isolation  []string
+	notApplied []string
+	runErr     error
 }
 
 // New checks cfg, fills in its defaults and prepares the data directory:
@@ -261,6 +262,15 @@ func (m *Main) Isolation() []string {
 	return append([]string(nil), m.isolation...)
 }
 
+// NotApplied lists the isolation measures no sandbox gets, once Ready is
+// closed: what the machine did not allow, and what a local process cannot
+// have (localsandbox.WeakIsolation).
+func (m *Main) NotApplied() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.notApplied...)
+}
+
 // Run opens the store, ends what a previous process left running
 // (orchestrator.Recover), listens and serves until ctx ends or Close is
 // called, then shuts down gracefully (see Close) and returns. It returns nil
@@ -424,6 +434,7 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	m.mu.Lock()
 	m.addr = ln.Addr().String()
 	m.isolation = launcher.Isolation()
+	m.notApplied = launcher.NotApplied()
 	m.mu.Unlock()
 	if host, _, _ := net.SplitHostPort(m.addr); !httpapi.IsLoopbackHost(host) {
 		m.log.Warn("listening beyond loopback over plain HTTP: the control-plane token crosses the network in clear; put TLS in front", "addr", m.addr)
