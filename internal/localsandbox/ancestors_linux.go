@@ -92,14 +92,21 @@ func aclWritable(dir string, uids, gids idRange) string {
 // from every folder above the repository it runs in: one sandbox that
 // could write such a folder would run its code in the checks of every
 // later run, under that run's uid.
+//
+// Without root the sandboxes run as belay's own user, which can write its
+// own folders anyway; only folders every user can write are refused (the
+// sandbox entry refuses them too).
 func (l *Launcher) checkAncestors(root string) error {
 	uids, gids := idRange{l.uid, l.ids}, idRange{l.gid, l.ids}
+	if !l.asRoot {
+		uids, gids = idRange{}, idRange{}
+	}
 	for d := root; ; d = parentDir(d) {
 		fi, err := os.Stat(d)
 		if err != nil {
 			return fmt.Errorf("localsandbox: WorkRoot: %w", err)
 		}
-		if fi.Mode().Perm()&0o001 == 0 {
+		if l.asRoot && fi.Mode().Perm()&0o001 == 0 {
 			return fmt.Errorf("localsandbox: the sandbox uids cannot reach WorkRoot %s: directory %s (mode %04o) is not searchable by others; allow search (chmod o+x %s) or choose a WorkRoot outside it",
 				root, d, fi.Mode().Perm(), d)
 		}
@@ -108,8 +115,12 @@ func (l *Launcher) checkAncestors(root string) error {
 			if d == root {
 				where = "it"
 			}
-			return fmt.Errorf("localsandbox: refusing WorkRoot %s: %s %s, so a sandbox could leave files there (pytest.ini, conftest.py) that pytest reads in the checks of later runs; choose a WorkRoot (BELAY_SANDBOX_DIR, --sandbox-dir) whose every parent only root can write, such as %s",
-				root, where, why, DefaultRootWorkRoot)
+			suggest := "whose every parent only root can write, such as " + DefaultRootWorkRoot
+			if !l.asRoot {
+				suggest = "in your own directories, outside " + os.TempDir()
+			}
+			return fmt.Errorf("localsandbox: refusing WorkRoot %s: %s %s, so a sandbox could leave files there (pytest.ini, conftest.py) that pytest reads in the checks of later runs; choose a WorkRoot (BELAY_SANDBOX_DIR, --sandbox-dir) %s",
+				root, where, why, suggest)
 		}
 		if d == "/" {
 			return nil

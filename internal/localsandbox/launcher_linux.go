@@ -362,11 +362,13 @@ func (l *Launcher) probe(t tier) error {
 	return err
 }
 
-// prepareWorkRoot creates WorkRoot when absent and checks it. As root the
-// directory must be root's alone (mode 0711 when created here), and every
-// directory on the way to it must be searchable by others (the sandbox
-// uids) and writable by no sandbox user (see checkAncestors); New says
-// which directory to fix rather than changing the operator's directories.
+// prepareWorkRoot creates WorkRoot when absent and checks it. The
+// directory must be belay's alone (mode 0711 as root, 0700 otherwise,
+// when created here), and no directory on the way to it may be writable
+// by every user; as root every one must also be searchable by others (the
+// sandbox uids) and writable by no sandbox user (see checkAncestors). New
+// says which directory to fix rather than changing the operator's
+// directories.
 func (l *Launcher) prepareWorkRoot(dir string) (string, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -401,9 +403,6 @@ func (l *Launcher) prepareWorkRoot(dir string) (string, error) {
 		return "", fmt.Errorf("localsandbox: WorkRoot %s is owned by uid %d; it must be owned by uid %d (belay)", real, st.Uid, os.Geteuid())
 	case fi.Mode().Perm()&0o022 != 0:
 		return "", fmt.Errorf("localsandbox: WorkRoot %s has mode %04o; it must not be writable by group or others", real, fi.Mode().Perm())
-	}
-	if !l.asRoot {
-		return real, nil
 	}
 	if err := l.checkAncestors(real); err != nil {
 		return "", err
