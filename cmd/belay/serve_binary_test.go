@@ -14,11 +14,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/embedded"
 	"github.com/belay-dev/belay/internal/embedded/embeddedtest"
@@ -118,15 +121,12 @@ func TestServeBinary(t *testing.T) {
 // built belay serve with a fresh HOME and no BELAY_DATA_DIR or
 // BELAY_SANDBOX_DIR, and `belay run examples/calc --follow` (another
 // process, with no token or data directory given) sees the run complete.
-// It runs in a private mount namespace whose /var/lib is an empty tmpfs,
-// so the real default paths are used without touching the machine's.
+// Both run in a private mount namespace whose /var/lib is an empty tmpfs,
+// so the real default paths are used without touching the machine's: this
+// test's thread makes the namespace and starts both from it, and is never
+// given back, so the namespace ends with the test.
 func testServeAsRootWithDefaults(t *testing.T, belayBin string) {
 	requireRootHere(t, "root's defaults are what is tested")
-	for _, tool := range []string{"unshare", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s (util-linux) is needed to give belay serve a private /var/lib: %v", tool, err)
-		}
-	}
 	hostHad := map[string]bool{}
 	for _, d := range []string{embedded.DefaultRootDataDir, embedded.DefaultRootSandboxDir} {
 		_, err := os.Lstat(d)
@@ -137,29 +137,37 @@ func testServeAsRootWithDefaults(t *testing.T, belayBin string) {
 	port := freePort(t)
 	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8"}
 
-	serve := exec.Command("unshare", "--mount", "--propagation", "private", "--",
-		"/bin/sh", "-c", `mount -t tmpfs -o mode=0755 belay-test /var/lib && exec "$0" serve`, belayBin)
+	runtime.LockOSThread() // for good: see above
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		t.Fatalf("unshare the mount namespace: %v", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		t.Fatalf("make mounts private: %v", err)
+	}
+	if err := unix.Mount("belay-test", "/var/lib", "tmpfs", 0, "mode=0755"); err != nil {
+		t.Fatalf("mount a tmpfs on /var/lib: %v", err)
+	}
+
+	serve := exec.Command(belayBin, "serve")
 	serve.Env = append(env, embedded.EnvAddr+"=127.0.0.1:"+port,
 		embedded.EnvScriptedModel+"="+filepath.Join(root, "examples", "sessions", "fix-calc.json"))
 	s := startServe(t, serve)
-	pid := serve.Process.Pid // unshare and sh exec: this is belay serve
 
 	out := s.stdout.String()
-	for _, want := range []string{"data:       " + embedded.DefaultRootDataDir, "token:      in " + filepath.Join(embedded.DefaultRootDataDir, "control-token")} {
+	for _, want := range []string{"data:       " + embedded.DefaultRootDataDir, "sandboxes:  " + embedded.DefaultRootSandboxDir,
+		"token:      in " + filepath.Join(embedded.DefaultRootDataDir, "control-token")} {
 		if !strings.Contains(out, want) {
 			t.Errorf("belay serve's output lacks %q:\n%s", want, out)
 		}
 	}
-	// What belay serve made, seen through its own mount namespace.
 	for dir, mode := range map[string]os.FileMode{embedded.DefaultRootDataDir: 0o700, embedded.DefaultRootSandboxDir: 0o711} {
-		fi, err := os.Stat(fmt.Sprintf("/proc/%d/root%s", pid, dir))
+		fi, err := os.Stat(dir)
 		if err != nil || fi.Mode().Perm() != mode {
 			t.Errorf("%s in belay serve's namespace: %v, %v; want a directory of mode %04o", dir, fi, err, mode)
 		}
 	}
 
-	run := exec.Command("nsenter", "--mount=/proc/"+strconv.Itoa(pid)+"/ns/mnt", "--", belayBin,
-		"run", filepath.Join(root, "examples", "calc"),
+	run := exec.Command(belayBin, "run", filepath.Join(root, "examples", "calc"),
 		"--instruction", "Make python3 -m pytest -q pass by fixing calc.py.",
 		"--allow", "calc.py", "--check", "python3 -m pytest -q", "--max-steps", "12", "--wall-time", "120", "--follow")
 	run.Env = append(env, envEndpoint+"="+s.endpoint)
@@ -171,9 +179,19 @@ func testServeAsRootWithDefaults(t *testing.T, belayBin string) {
 		t.Errorf("belay run's output does not say the run completed:\n%s", b)
 	}
 
-	for d, had := range hostHad {
-		if _, err := os.Lstat(d); (err == nil) != had {
-			t.Errorf("the test changed the machine's %s (there before: %v, after: %v)", d, had, err == nil)
+	// The machine's /var/lib, seen from a thread outside the namespace.
+	host := make(chan map[string]bool)
+	go func() {
+		now := map[string]bool{}
+		for d := range hostHad {
+			_, err := os.Lstat(d)
+			now[d] = err == nil
+		}
+		host <- now
+	}()
+	for d, there := range <-host {
+		if there != hostHad[d] {
+			t.Errorf("the test changed the machine's %s (there before: %v, after: %v)", d, hostHad[d], there)
 		}
 	}
 }
