@@ -52,6 +52,17 @@ type RunStore interface {
 	// if the run does not exist; conflict if it is terminal.
 	AppendEvents(ctx context.Context, runID, batchID string, events []EventInput) ([]Event, error)
 
+	// AppendSandboxEvents is AppendEvents for what the run's sandbox sent:
+	// the events are marked SourceSandbox (every other write marks its
+	// events SourceControl), and the same atomic write counts them against
+	// the run's sandbox-event caps (Run.SandboxEvents,
+	// Run.SandboxEventBytes). A batch that would take the run past
+	// limits.MaxEvents or limits.MaxBytes is refused whole with too_large,
+	// naming the cap, and appends nothing; a repeated batchID is answered
+	// as AppendEvents answers it, without counting again. Returns invalid
+	// for limits that are not Valid, besides AppendEvents' codes.
+	AppendSandboxEvents(ctx context.Context, runID, batchID string, events []EventInput, limits SandboxEventLimits) ([]Event, error)
+
 	// ListEvents returns up to limit events with Seq > after, oldest first,
 	// and always reports OldestSeq as the oldest event still kept. Returns
 	// not_found if the run does not exist.
@@ -62,9 +73,12 @@ type RunStore interface {
 // any number of concurrent calls against MaxRequests = n, exactly n succeed.
 type CapabilityStore interface {
 	// ActivateCapability stores c as the run's active capability (UsedRequests
-	// 0). Returns invalid for a capability CheckCapability refuses; conflict
-	// if the run already has a capability, active or revoked: a capability
-	// is never swapped mid-run or revived.
+	// 0). Returns invalid for a capability CheckCapability refuses;
+	// not_found, storing nothing, if the run does not exist (a capability
+	// never outlives or precedes its run, so nothing can spend one for a
+	// run id that names no run); conflict if the run already has a
+	// capability, active or revoked: a capability is never swapped mid-run
+	// or revived.
 	ActivateCapability(ctx context.Context, c Capability) error
 
 	// ConsumeModelRequest spends one request of the run's capability for the
@@ -105,11 +119,38 @@ type ApprovalStore interface {
 	DecideApproval(ctx context.Context, runID, id string, d Decision, reason, by string, at time.Time) (Approval, error)
 }
 
+// ClaimStore keeps the claim codes of the claim exchange (see Claim), and
+// what a claimed sandbox is to the platform that runs it.
+type ClaimStore interface {
+	// CreateClaim stores c, unused. Returns invalid for a claim CheckClaim
+	// refuses; not_found if the run does not exist; conflict if a claim
+	// with the same code hash exists.
+	CreateClaim(ctx context.Context, c Claim) error
+
+	// ConsumeClaim exchanges the claim whose code hashes to codeHash: in one
+	// conditional write it marks the claim used and returns it. runID, when
+	// not empty, is the run the caller expects. It refuses with a
+	// *ClaimError (code unauthorized), writing nothing, when no claim has
+	// that hash (ClaimUnknown), runID names another run (ClaimWrongRun), the
+	// claim was used (ClaimUsed), now is at or after its ExpiresAt
+	// (ClaimExpired), its run is not running (ClaimRunNotRunning) or is at
+	// another attempt than the claim's (ClaimWrongAttempt), in that order.
+	// Of any number of concurrent calls with one code, at most one succeeds.
+	ConsumeClaim(ctx context.Context, codeHash [32]byte, runID string, now time.Time) (Claim, error)
+
+	// RecordSandboxRef stores ref (an ECS task ARN, say) as the sandbox of
+	// the run's attempt, for cancel and cleanup to stop it (Run.SandboxRef).
+	// Returns invalid for a ref CheckSandboxRef refuses; not_found if the
+	// run does not exist; conflict if it is terminal or at another attempt.
+	RecordSandboxRef(ctx context.Context, runID string, attempt int, ref string) error
+}
+
 // Store is everything the control plane persists outside artifacts.
 type Store interface {
 	RunStore
 	CapabilityStore
 	ApprovalStore
+	ClaimStore
 }
 
 // ArtifactInfo names one stored artifact and its size in bytes.

@@ -72,6 +72,17 @@ type Run struct {
 	ChangedFiles    []string      `json:"changedFiles,omitempty"`
 	Artifacts       []string      `json:"artifacts,omitempty"`
 	LastSeq         int64         `json:"lastSeq"`
+	// Attempt counts the sandboxes started for the run: 1 from activation
+	// on, one more for each resume. A claim code admits one attempt.
+	Attempt int `json:"attempt,omitempty"`
+	// SandboxRef is what the sandbox of the current attempt is to the
+	// platform running it (an ECS task ARN), recorded when it claims, so
+	// cancel and cleanup can stop it. Empty when unknown.
+	SandboxRef string `json:"sandboxRef,omitempty"`
+	// SandboxEvents and SandboxEventBytes count what the run's sandbox has
+	// appended to its log (see SandboxEventLimits).
+	SandboxEvents     int   `json:"sandboxEvents,omitempty"`
+	SandboxEventBytes int64 `json:"sandboxEventBytes,omitempty"`
 }
 
 // Usage counts what a run spent.
@@ -99,10 +110,12 @@ type CheckResult struct {
 
 // Transition moves a run to state To and appends Events in the same atomic
 // write. Reason, ExitCode, Checks, ChangedFiles and Artifacts are recorded
-// when set (they describe a terminal outcome).
+// when set (they describe a terminal outcome); so is Attempt (activation
+// sets 1).
 type Transition struct {
 	To           RunStatus
 	At           time.Time
+	Attempt      int
 	Reason       string
 	ExitCode     *int
 	Checks       []CheckResult

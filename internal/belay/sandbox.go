@@ -24,8 +24,10 @@ type Orchestrator interface {
 }
 
 // SandboxSpec is what a sandbox is told about its run. It is written as
-// spec.json into the sandbox workspace; Tokens never are (they travel as
-// owner-only files, see DESIGN.md "Sandbox entry").
+// spec.json into the sandbox workspace (file mode) or answers the claim
+// exchange (claim mode); Tokens and Claim never are part of it (tokens
+// travel as owner-only files or in the claim answer, see DESIGN.md "Sandbox
+// entry" and "Claim exchange").
 type SandboxSpec struct {
 	RunID           string         `json:"runId"`
 	Model           string         `json:"model"`
@@ -41,8 +43,25 @@ type SandboxSpec struct {
 	// workspace) or the private API's URL on AWS.
 	APIBaseURL string `json:"apiBaseUrl"`
 	APISocket  string `json:"apiSocket,omitempty"`
+	// APIPeerUID is the uid the listener of APISocket must run as: the
+	// entry checks every connection's peer (SO_PEERCRED) and refuses any
+	// other, and one of its own uid unless APIPeerSharesUID. Required
+	// with APISocket.
+	APIPeerUID *int `json:"apiPeerUid,omitempty"`
+	// APIPeerSharesUID says the listener runs as the sandbox's own uid:
+	// only the weak, non-root isolation tier of the process launcher,
+	// where a process of the sandbox cannot be told from the control
+	// plane by its uid. The entry then accepts that uid.
+	APIPeerSharesUID bool `json:"apiPeerSharesUid,omitempty"`
+	// Attempt is the run's attempt this sandbox runs (Run.Attempt).
+	Attempt int `json:"attempt"`
 
+	// Tokens are the run's three audience tokens, for a launcher that
+	// hands them over as files (file mode).
 	Tokens SandboxTokens `json:"-"`
+	// Claim is the attempt's single-use claim code, for a launcher that
+	// starts the entry in claim mode (BELAY_CLAIM).
+	Claim ClaimCode `json:"-"`
 }
 
 // SandboxTokens are a run's three audience tokens. They travel with a
@@ -84,6 +103,15 @@ func SpecFor(runID string, req RunRequest) SandboxSpec {
 	}
 }
 
+// SpecForRun builds the sandbox spec of a stored run: SpecFor its request,
+// at the run's attempt. The orchestrator and the claim exchange both build
+// the spec here, so the two modes tell a sandbox the same.
+func SpecForRun(run Run) SandboxSpec {
+	spec := SpecFor(run.ID, run.Request)
+	spec.Attempt = run.Attempt
+	return spec
+}
+
 // Launcher starts sandboxes: a local hardened subprocess, or a Fargate task.
 type Launcher interface {
 	// Launch starts a sandbox for spec and returns once it is running.
@@ -93,8 +121,8 @@ type Launcher interface {
 // Sandbox is one running sandbox.
 type Sandbox interface {
 	// Wait blocks until the sandbox exits or ctx ends, and returns how it
-	// ended and the files it left in its output folder (result.json,
-	// patch.diff, transcript.jsonl; each capped at MaxArtifactBytes).
+	// ended. What the sandbox produced it uploaded itself (see
+	// StagedOutputName); a launcher never reads files a sandbox left.
 	Wait(ctx context.Context) (SandboxExit, error)
 	// Stop kills the sandbox; it is idempotent.
 	Stop(ctx context.Context) error
@@ -107,5 +135,4 @@ type SandboxExit struct {
 	ExitCode int
 	Signaled bool
 	Duration time.Duration
-	Files    map[string][]byte
 }

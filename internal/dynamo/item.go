@@ -30,7 +30,9 @@ import (
 //	APPR#<id>        one approval
 //	BATCH#<id>       the sequence range an idempotent event batch got
 //
-// and each idempotency key has its own item "IDEM#<sha256(key)>" / "IDEM".
+// and each idempotency key has its own item "IDEM#<sha256(key)>" / "IDEM",
+// each claim code its item "CLAIM#<hex of the code's SHA-256>" / "CLAIM"
+// (the caller of a claim knows only the code, not its run).
 // META also carries the listing index keys: GSI1PK "RUNS" with GSI1SK
 // "<createdAt>#<id>" (all runs), and GSI2PK "STATUS#<status>" with the same
 // sort key (runs of one status).
@@ -38,6 +40,7 @@ const (
 	skMeta       = "META"
 	skCap        = "CAP"
 	skIdem       = "IDEM"
+	skClaim      = "CLAIM"
 	prefixEvent  = "EVT#"
 	prefixReq    = "REQ#"
 	prefixAppr   = "APPR#"
@@ -228,6 +231,12 @@ func metaItem(r belay.Run, reqChunks int, ttl int64) (item, error) {
 		return nil, err
 	}
 	it["lastSeq"] = avN(r.LastSeq)
+	if r.Attempt != 0 {
+		it["attempt"] = avN(int64(r.Attempt))
+	}
+	if r.SandboxRef != "" {
+		it["sandboxRef"] = avS(r.SandboxRef)
+	}
 	return it, nil
 }
 
@@ -282,7 +291,11 @@ func decodeMeta(it item) (*runMeta, error) {
 				PromptTokens:     d.num("promptTokens"),
 				CompletionTokens: d.num("completionTokens"),
 			},
-			LastSeq: d.num("lastSeq"),
+			LastSeq:           d.num("lastSeq"),
+			Attempt:           int(d.num("attempt")),
+			SandboxRef:        d.str("sandboxRef"),
+			SandboxEvents:     int(d.num("sandboxEvents")),
+			SandboxEventBytes: d.num("sandboxEventBytes"),
 		},
 		reqChunks: int(d.num("reqChunks")),
 		ttl:       d.num(attrTTL),
@@ -346,6 +359,9 @@ func eventItem(runID string, e belay.Event, ttl int64) item {
 	it := keyOf(runPK(runID), eventSK(e.Seq))
 	it["seq"] = avN(e.Seq)
 	it["type"] = avS(e.Type)
+	if e.Source != belay.SourceControl {
+		it["source"] = avS(e.Source)
+	}
 	if !e.Time.IsZero() {
 		it["time"] = avTime(e.Time)
 	}
@@ -358,7 +374,12 @@ func eventItem(runID string, e belay.Event, ttl int64) item {
 
 func decodeEvent(it item) (belay.Event, error) {
 	d := decoder{it: it}
-	e := belay.Event{Seq: d.num("seq"), Type: d.str("type"), Time: d.time("time")}
+	e := belay.Event{Seq: d.num("seq"), Type: d.str("type"), Time: d.time("time"), Source: d.str("source")}
+	if e.Source == "" {
+		// Written before events had a source, or by the control plane,
+		// whose events leave it out.
+		e.Source = belay.SourceControl
+	}
 	if data := d.str("data"); data != "" {
 		e.Data = json.RawMessage(data)
 	}

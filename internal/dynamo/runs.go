@@ -41,7 +41,7 @@ func (s *Store) CreateRun(ctx context.Context, asked belay.Run, idempotencyKey s
 		return belay.Run{}, false, fmt.Errorf("create run %s: %w", run.ID, err)
 	}
 	in := belay.RunQueuedEvent(run)
-	queued := belay.Event{Seq: 1, Time: in.Time, Type: in.Type, Data: in.Data}
+	queued := belay.Event{Seq: 1, Time: in.Time, Type: in.Type, Source: belay.SourceControl, Data: in.Data}
 
 	items := []types.TransactWriteItem{{Put: &types.Put{
 		TableName:                           s.table,
@@ -362,6 +362,9 @@ func (s *Store) Transition(ctx context.Context, id string, t belay.Transition) (
 	if !t.To.Valid() {
 		return belay.Run{}, belay.FieldErrorf(belay.CodeInvalid, "status", "unknown status %q", t.To)
 	}
+	if t.Attempt < 0 {
+		return belay.Run{}, belay.FieldErrorf(belay.CodeInvalid, "attempt", "must not be negative, not %d", t.Attempt)
+	}
 	events := t.TimedEvents()
 	if err := belay.CheckEvents(events); err != nil {
 		return belay.Run{}, err
@@ -394,6 +397,10 @@ func (s *Store) Transition(ctx context.Context, id string, t belay.Transition) (
 		if t.Reason != "" {
 			ch.set = append(ch.set, "#reason = :reason")
 			ch.values[":reason"] = avS(t.Reason)
+		}
+		if t.Attempt > 0 {
+			ch.set = append(ch.set, "#attempt = :attempt")
+			ch.values[":attempt"] = avN(int64(t.Attempt))
 		}
 		if t.ExitCode != nil {
 			ch.set = append(ch.set, "#exitCode = :exitCode")

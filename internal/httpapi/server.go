@@ -69,6 +69,14 @@ type Config struct {
 	// that appends events (belay.WatchedStore.Changed), so a stream wakes
 	// at once rather than at its next poll. Polling stays the fallback.
 	EventsChanged func() <-chan struct{}
+	// SandboxEventLimits caps what each run's sandbox may append to its
+	// log through the events route; zero fields take
+	// belay.DefaultSandboxEventLimits.
+	SandboxEventLimits belay.SandboxEventLimits
+	// Presigner, when set, gives a claiming sandbox presigned upload URLs
+	// for its outputs (on AWS, the S3 adapter); nil points it at the
+	// outputs route.
+	Presigner OutputPresigner
 }
 
 // Upstream is the operator's model provider, which the model proxy forwards
@@ -97,19 +105,21 @@ type Upstream struct {
 
 // Server is the control plane's HTTP handler. It is safe for concurrent use.
 type Server struct {
-	store        belay.Store
-	artifacts    belay.ArtifactStore
-	orchestrator belay.Orchestrator
-	signer       *token.Signer
-	limits       belay.Limits
-	controlHash  [][sha256.Size]byte
-	upstream     Upstream
-	client       *http.Client
-	log          *slog.Logger
-	now          func() time.Time
-	heartbeat    time.Duration
-	pollEvery    time.Duration
-	changed      func() <-chan struct{}
+	store         belay.Store
+	artifacts     belay.ArtifactStore
+	orchestrator  belay.Orchestrator
+	signer        *token.Signer
+	limits        belay.Limits
+	controlHash   [][sha256.Size]byte
+	upstream      Upstream
+	client        *http.Client
+	log           *slog.Logger
+	now           func() time.Time
+	heartbeat     time.Duration
+	pollEvery     time.Duration
+	changed       func() <-chan struct{}
+	presigner     OutputPresigner
+	sandboxEvents belay.SandboxEventLimits
 
 	entropyMu sync.Mutex
 	entropy   io.Reader
@@ -153,18 +163,27 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("httpapi: %w", err)
 	}
 	s := &Server{
-		store:        cfg.Store,
-		artifacts:    cfg.Artifacts,
-		orchestrator: cfg.Orchestrator,
-		signer:       cfg.Signer,
-		limits:       cfg.Limits,
-		upstream:     cfg.Upstream,
-		log:          cfg.Logger,
-		now:          cfg.Now,
-		entropy:      cfg.Entropy,
-		heartbeat:    cfg.HeartbeatInterval,
-		pollEvery:    cfg.EventsPollInterval,
-		changed:      cfg.EventsChanged,
+		store:         cfg.Store,
+		artifacts:     cfg.Artifacts,
+		orchestrator:  cfg.Orchestrator,
+		signer:        cfg.Signer,
+		limits:        cfg.Limits,
+		upstream:      cfg.Upstream,
+		log:           cfg.Logger,
+		now:           cfg.Now,
+		entropy:       cfg.Entropy,
+		heartbeat:     cfg.HeartbeatInterval,
+		pollEvery:     cfg.EventsPollInterval,
+		changed:       cfg.EventsChanged,
+		presigner:     cfg.Presigner,
+		sandboxEvents: cfg.SandboxEventLimits,
+	}
+	def := belay.DefaultSandboxEventLimits()
+	if s.sandboxEvents.MaxEvents <= 0 {
+		s.sandboxEvents.MaxEvents = def.MaxEvents
+	}
+	if s.sandboxEvents.MaxBytes <= 0 {
+		s.sandboxEvents.MaxBytes = def.MaxBytes
 	}
 	for i, t := range cfg.ControlTokens {
 		if len(t) < MinControlTokenLen {
@@ -209,6 +228,8 @@ func New(cfg Config) (*Server, error) {
 		mux.HandleFunc("POST /internal/v1/runs/{id}/events", s.handleAppendEvents)
 		mux.HandleFunc("POST /internal/v1/runs/{id}/approvals", s.handleRequestApproval)
 		mux.HandleFunc("GET /internal/v1/runs/{id}/approvals/{approvalId}", s.handleGetApprovalInternal)
+		mux.HandleFunc("PUT /internal/v1/runs/{id}/outputs/{name}", s.handlePutOutput)
+		mux.HandleFunc("POST /internal/v1/claim", s.handleClaim)
 		mux.HandleFunc("/", s.handleNoRoute)
 	}
 	s.public.HandleFunc("POST /v1/runs", s.handleCreateRun)
@@ -229,8 +250,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // InternalHandler serves only the internal routes (model proxy, event
-// append, approvals): what the local launcher exposes on the sandbox's Unix
-// socket, so a sandbox can never reach the public API.
+// append, approvals, outputs, the claim exchange): what the local launcher
+// exposes on the sandbox's Unix socket, so a sandbox can never reach the
+// public API.
 func (s *Server) InternalHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.serve(w, r, s.internal)

@@ -49,7 +49,11 @@ const (
 	measureIPCNS        = "IPC namespace"
 	measureUTSNS        = "UTS namespace"
 	measureLease        = "its uid and gid leased host-wide (" + DefaultLeaseDir + "), so no other sandbox on this machine, of this belay or another, runs as them at the same time; an id that still owns a process, or files in a workspace left behind, is skipped"
-	measureWorkspace    = "a workspace folder of root's: the sandbox reads spec.json and connects to api.sock but cannot rename or replace them, nor the folder; it writes only in tokens/, repo/, out/ and home/, and no folder above its repository is writable by any sandbox"
+	measureWorkspace    = "a workspace folder of root's: the sandbox reads spec.json and connects to api.sock but cannot rename or replace them, nor the folder; it writes only in tokens/, repo/ and home/, and no folder above its repository is writable by any sandbox"
+	// measurePeerUID is missing wherever the sandbox runs as belay's own
+	// uid: the entry pins the api.sock it found at its start and checks its
+	// listener's uid, but a process of the sandbox has that uid too.
+	measurePeerUID = "the entry cannot tell belay's api.sock listener from a process of the sandbox by its uid (both run as this user)"
 )
 
 // WeakIsolation lists what a local process cannot get, whatever the
@@ -299,7 +303,7 @@ func (l *Launcher) autoTiers() []tier {
 		name: tierUserNS,
 		applied: append(append([]string{fmt.Sprintf("user namespace (uid %d mapped to itself, no capabilities)", uid)},
 			namespaces...), always...),
-		missing: []string{fmt.Sprintf("uid drop (not root: runs as this user, uid %d)", uid)},
+		missing: []string{fmt.Sprintf("uid drop (not root: runs as this user, uid %d)", uid), measurePeerUID},
 		sysAttrs: func(int, int) *syscall.SysProcAttr {
 			return &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL,
 				Cloneflags:                 syscall.CLONE_NEWUSER | namespaceFlags,
@@ -318,6 +322,7 @@ func (l *Launcher) noneTier() tier {
 	} else {
 		missing = append([]string{fmt.Sprintf("uid drop (not root: runs as this user, uid %d)", os.Getuid()), "user namespace"}, missing...)
 	}
+	missing = append(missing, measurePeerUID)
 	return tier{
 		name:    tierNone,
 		applied: []string{measureProcessGroup, measureEmptyEnv},

@@ -87,12 +87,34 @@ CREATE TABLE approvals (
 	PRIMARY KEY (run_id, id)
 ) STRICT, WITHOUT ROWID;
 `,
+	// 2: the claim exchange: a run's attempt and the sandbox that claimed
+	// it, and claim codes, kept only as their SHA-256.
+	`
+ALTER TABLE runs ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN sandbox_ref TEXT NOT NULL DEFAULT '';
+
+CREATE TABLE claims (
+	code_hash  BLOB PRIMARY KEY,
+	run_id     TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+	attempt    INTEGER NOT NULL,
+	expires_at INTEGER NOT NULL,
+	used_at    INTEGER
+) STRICT, WITHOUT ROWID;
+CREATE INDEX claims_run ON claims (run_id);
+`,
+	// 3: who wrote each event, and what a run's sandbox has appended, for
+	// its caps.
+	`
+ALTER TABLE events ADD COLUMN source TEXT NOT NULL DEFAULT 'control';
+ALTER TABLE runs ADD COLUMN sandbox_events INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN sandbox_event_bytes INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // SchemaVersion is the schema version this code writes: the number of
 // migrations. Open refuses a database with a newer one, written by a newer
 // belay, rather than misread it.
-const SchemaVersion = 1
+const SchemaVersion = 3
 
 // migrate brings the database to SchemaVersion in one write transaction,
 // so a crash mid-migration leaves the old schema. It returns the version
