@@ -260,4 +260,3 @@ func postEvent(spec belay.SandboxSpec, tok string) (int, string) {
 	resp.Body.Close()
 	return resp.StatusCode, ""
 }
-
