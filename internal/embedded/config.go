@@ -107,6 +107,9 @@ type Config struct {
 	// Storage chooses where runs and artifacts are kept; the zero value
 	// keeps both in DataDir.
 	Storage StorageConfig
+	// Limits adds the operator's extensions and checks to the reference
+	// run limits.
+	Limits LimitsConfig
 	// Isolation is passed to the local launcher: "auto" (the default) or
 	// "none".
 	Isolation string
@@ -156,6 +159,7 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		SandboxDir:      get(EnvSandboxDir),
 		ScriptedModel:   get(EnvScriptedModel),
 		Storage:         storageConfigFromEnv(get),
+		Limits:          limitsConfigFromEnv(get),
 		SandboxEventLimits: belay.SandboxEventLimits{
 			MaxEvents: int(positiveFromEnv(get(EnvSandboxEvents))),
 			MaxBytes:  positiveFromEnv(get(EnvSandboxEventBytes)),

@@ -49,6 +49,7 @@ type Main struct {
 	apiKey     secrets.Source
 	script     *scriptedmodel.Script
 	sandboxBin string
+	limits     belay.Limits
 
 	ready     chan struct{}
 	stop      chan struct{} // closed by Close
@@ -107,6 +108,11 @@ func New(cfg Config) (*Main, error) {
 	if err := m.configureUpstream(&cfg); err != nil {
 		return nil, err
 	}
+	limits, err := cfg.Limits.runLimits(cfg.Model)
+	if err != nil {
+		return nil, err
+	}
+	m.limits = limits
 	if cfg.Token != "" && len(cfg.Token) < httpapi.MinControlTokenLen {
 		return nil, fmt.Errorf("%s is shorter than %d characters; use a long random value (or unset it to have one generated)", EnvToken, httpapi.MinControlTokenLen)
 	}
@@ -384,7 +390,7 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		Artifacts:          artifacts,
 		Orchestrator:       orch,
 		Signer:             signer,
-		Limits:             belay.DefaultLimits(m.cfg.Model),
+		Limits:             m.limits,
 		ControlTokens:      []string{m.token},
 		EventsChanged:      watched.Changed,
 		SandboxEventLimits: m.cfg.SandboxEventLimits,

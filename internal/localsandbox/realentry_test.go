@@ -225,7 +225,8 @@ func TestRealEntryFixesTheExample(t *testing.T) {
 	if strings.Contains(seen.String(), "bt1.") {
 		t.Error("a run token (bt1.…) shows up in the log, an artifact or an event")
 	}
-	// The run's cleanup follows its terminal event; Close waits for it.
+	// The run's goroutine removes the workspace after it records the
+	// outcome; Close waits for it.
 	if err := p.orch.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
