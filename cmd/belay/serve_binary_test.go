@@ -96,6 +96,12 @@ func startServe(tb testing.TB, cmd *exec.Cmd) *serveProcess {
 	}
 }
 
+// processLauncherEnv chooses the process launcher, the one these tests are
+// about, and accepts its weaker isolation, as an operator must once belay
+// serve prefers the OCI launcher (a belay serve without that choice ignores
+// the variables).
+var processLauncherEnv = []string{"BELAY_LAUNCHER=process", "BELAY_ALLOW_WEAK_ISOLATION=1"}
+
 // requireRootHere skips a test that needs root outside CI, and fails it in
 // CI, which runs the tests as root.
 func requireRootHere(tb testing.TB, why string) {
@@ -149,7 +155,8 @@ func testServeAsRootWithDefaults(t *testing.T, belayBin string) {
 	}
 
 	serve := exec.Command(belayBin, "serve")
-	serve.Env = append(env, embedded.EnvAddr+"=127.0.0.1:"+port,
+	serve.Env = append(env, processLauncherEnv...)
+	serve.Env = append(serve.Env, embedded.EnvAddr+"=127.0.0.1:"+port,
 		embedded.EnvScriptedModel+"="+filepath.Join(root, "examples", "sessions", "fix-calc.json"))
 	s := startServe(t, serve)
 
@@ -238,7 +245,7 @@ func testServeSurvivesAConnectionFlood(t *testing.T, belayBin string) {
 		belayBin, "serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(t.TempDir(), "data"),
 		"--sandbox-dir", workspacetest.Dir(t, "fl"),
 		"--scripted-model", filepath.Join(embeddedtest.ModuleRoot(t), "examples", "sessions", "fix-calc.json"))
-	serve.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + t.TempDir(), embedded.EnvToken + "=" + token}
+	serve.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + t.TempDir(), embedded.EnvToken + "=" + token}, processLauncherEnv...)
 	s := startServe(t, serve)
 
 	// The flood comes from several processes, each holding what its own
