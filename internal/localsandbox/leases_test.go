@@ -158,7 +158,17 @@ func freeRange(tb testing.TB, count int) int {
 	if _, err := rand.Read(b[:]); err != nil {
 		tb.Fatal(err)
 	}
-	return 40000 + int(binary.LittleEndian.Uint32(b[:])%uint32(20000-count))
+	first := 40000 + int(binary.LittleEndian.Uint32(b[:])%uint32(20000-count))
+	// The lease files of a range no one else uses go with the test, so
+	// test runs do not pile them up in /run/belay/uids.
+	tb.Cleanup(func() {
+		for id := first; id < first+count; id++ {
+			for _, kind := range []string{"uid-", "gid-"} {
+				_ = os.Remove(filepath.Join(localsandbox.DefaultLeaseDir, kind+strconv.Itoa(id)))
+			}
+		}
+	})
+	return first
 }
 
 // processesOf lists the processes on the host that run as uid (any of
