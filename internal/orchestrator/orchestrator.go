@@ -35,6 +35,10 @@ const (
 	ReasonShutdown    = "control plane shutting down"
 	ReasonInterrupted = "interrupted: control plane restarted"
 	ReasonKilled      = "sandbox killed"
+	// ReasonOutOfMemory ends a run that failed after the kernel killed a
+	// process of its sandbox (the entry, or a check or command it ran) for
+	// going past the sandbox's memory limit.
+	ReasonOutOfMemory = "sandbox out of memory"
 	ReasonActivation  = "activation failed"
 	ReasonLaunch      = "sandbox launch failed"
 	ReasonLost        = "sandbox lost"
@@ -613,6 +617,9 @@ type Outcome struct {
 // "result validation: ..." when the sandbox exited 0, and with "sandbox
 // exited with code N" when it did not (a crash); a bundle that claims
 // completed from a sandbox that exited non-zero is not believed either.
+// When the kernel killed a process of the sandbox at its memory limit
+// (exit.OOMKilled), a run that fails for any of these reasons but the
+// stopping ones fails with "sandbox out of memory" instead: that is why.
 func Validate(run belay.Run, exit belay.SandboxExit, waitErr error) Outcome {
 	out := Outcome{Status: belay.StatusFailed, Files: exit.Files}
 	switch {
@@ -627,6 +634,9 @@ func Validate(run belay.Run, exit belay.SandboxExit, waitErr error) Outcome {
 		return out
 	case waitErr != nil:
 		out.Reason = ReasonLost
+		return out
+	case exit.Signaled && exit.OOMKilled:
+		out.Reason = ReasonOutOfMemory
 		return out
 	case exit.Signaled:
 		out.Reason = ReasonKilled
@@ -644,6 +654,11 @@ func Validate(run belay.Run, exit belay.SandboxExit, waitErr error) Outcome {
 			if out.Reason == "" {
 				out.Reason = "failed"
 			}
+			if exit.OOMKilled {
+				// The bundle says what failed (a check killed by
+				// SIGKILL); the memory limit is why.
+				out.Reason = ReasonOutOfMemory
+			}
 		}
 		return out
 	}
@@ -651,6 +666,9 @@ func Validate(run belay.Run, exit belay.SandboxExit, waitErr error) Outcome {
 		code := exit.ExitCode
 		out.ExitCode = &code
 		out.Reason = fmt.Sprintf("sandbox exited with code %d", code)
+		if exit.OOMKilled {
+			out.Reason = ReasonOutOfMemory
+		}
 		return out
 	}
 	out.Reason = ReasonValidationPrefix + belay.ErrorMessage(err)
