@@ -46,6 +46,9 @@ const (
 	databaseFile   = "belay.db"
 	artifactsDir   = "artifacts"
 	sandboxesDir   = "sandboxes"
+	// ociDir holds the OCI launcher's state: runc's, and the unpacked
+	// images (images/).
+	ociDir = "oci"
 )
 
 // Config is the embedded control plane's configuration: what `belay serve`
@@ -70,8 +73,9 @@ type Config struct {
 	// Token is the control-plane token. When empty, the token in
 	// <DataDir>/control-token is used, created on first start.
 	Token string
-	// SandboxBin is the sandbox entry binary; when empty, belay-sandbox
-	// beside the running executable, else on PATH.
+	// SandboxBin is the process launcher's sandbox entry binary; when
+	// empty, belay-sandbox beside the running executable, else on PATH.
+	// (The OCI launcher runs the entry in the image.)
 	SandboxBin string
 	// SandboxDir holds one workspace per running sandbox;
 	// <DataDir>/sandboxes when empty. As root, the sandbox user must be
@@ -80,9 +84,22 @@ type Config struct {
 	// Storage chooses where runs and artifacts are kept; the zero value
 	// keeps both in DataDir.
 	Storage StorageConfig
-	// Isolation is passed to the local launcher: "auto" (the default) or
-	// "none".
+	// Isolation is passed to the process launcher: "auto" (the default)
+	// or "none".
 	Isolation string
+	// Launcher is LauncherOCI or LauncherProcess; empty picks LauncherOCI
+	// when runc, the image and root are there, else the process launcher
+	// if AllowWeakIsolation accepts it (see chooseLauncher).
+	Launcher string
+	// AllowWeakIsolation accepts the process launcher's weaker isolation
+	// (WeakIsolation says what it lacks).
+	AllowWeakIsolation bool
+	// SandboxImage is the OCI launcher's sandbox image (an OCI archive);
+	// when empty, SandboxImageName beside the running executable.
+	SandboxImage string
+	// ImageCache is where the OCI launcher unpacks images, one folder per
+	// digest; <DataDir>/oci/images when empty. Tests share one.
+	ImageCache string
 	// EventBufferSize is how many events each run keeps; the store's
 	// default when zero.
 	EventBufferSize int
@@ -126,6 +143,10 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		SandboxDir:      get(EnvSandboxDir),
 		ScriptedModel:   get(EnvScriptedModel),
 		Storage:         storageConfigFromEnv(get),
+		Launcher:        get(EnvLauncher),
+		SandboxImage:    get(EnvSandboxImage),
+
+		AllowWeakIsolation: parseBool(get(EnvAllowWeakIsolation)),
 	}
 }
 
