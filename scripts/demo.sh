@@ -2,8 +2,10 @@
 # demo.sh — belay's main job, end to end on the embedded default.
 #
 # Starts `belay serve` (SQLite store, in-process orchestrator, the sandbox
-# as a local hardened subprocess) on a free loopback port with a fresh data
-# directory, submits examples/calc (a failing pytest test) through the CLI,
+# as the sandbox image under runc with the Fargate task's hardening: the
+# OCI launcher, which needs root, runc and bin/belay-sandbox.oci.tar from
+# make image) on a free loopback port with a fresh data directory, submits
+# examples/calc (a failing pytest test) through the CLI,
 # follows the run's events live, prints the check results and the patch,
 # and stops everything it started.
 #
@@ -19,16 +21,16 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 say() { printf '\n\033[1mdemo: %s\033[0m\n' "$*"; }
 
-for bin in bin/belay bin/belay-sandbox; do
-	[[ -x $bin ]] || { echo "demo: $bin is missing; run make build (make demo does)" >&2; exit 1; }
-done
-if ! /usr/bin/python3 -m pytest --version >/dev/null 2>&1; then
+[[ -x bin/belay ]] || { echo "demo: bin/belay is missing; run make build (make demo does)" >&2; exit 1; }
+if [[ ${BELAY_LAUNCHER:-oci} == oci ]]; then
+	[[ -f bin/belay-sandbox.oci.tar ]] || { echo "demo: bin/belay-sandbox.oci.tar is missing; run make image (make demo does)" >&2; exit 1; }
+elif ! /usr/bin/python3 -m pytest --version >/dev/null 2>&1; then
+	# The process launcher runs the checks with the host's Python.
 	echo "demo: the sandbox's checks use /usr/bin/python3 with pytest; install it: apt-get install python3-pytest" >&2
 	exit 1
 fi
 
-# Directly under /tmp, so the unprivileged sandbox user can reach its
-# workspace when belay runs as root (a home directory is often 0700).
+# A fresh data directory for this demo only.
 data=$(mktemp -d /tmp/belay-demo.XXXXXX)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export BELAY_DATA_DIR=$data
@@ -85,6 +87,7 @@ done
 # after it starts serving), and the launcher's warning when it could not
 # apply all of it.
 for _ in $(seq 1 20); do grep -q '^  isolation:' "$data/serve.log" && break; sleep 0.1; done
+grep -E '^  (launcher|image|sandbox|WARNING): ' "$data/serve.log" || true
 awk '/^  isolation:/ {p = 1; print; next} p && /^    - / {print; next} {p = 0}' "$data/serve.log"
 grep -o '"msg":"local sandbox: [^"]*"' "$data/serve.log" | sed 's/^"msg":"/  warning: /; s/"$//' || true
 

@@ -1,8 +1,8 @@
-// Command imagespec prints the sandbox image's user, entrypoint and
-// writable folders as shell assignments, from hardening.Sandbox, for
-// scripts/image.sh to build the image with: the numbers live once, in Go,
-// and the image, the runc config and the Fargate task definition all
-// follow them.
+// Command imagespec prints the sandbox image's user, entrypoint, writable
+// folders and Fargate's architecture as shell assignments, from
+// hardening.Sandbox, for scripts/image.sh and the Makefile to build the
+// image with: the numbers live once, in Go, and the image, the runc config
+// and the Fargate task definition all follow them.
 package main
 
 import (
@@ -26,6 +26,7 @@ func main() {
 		{"IMAGE_ENTRYPOINT", s.Entrypoint[0]},
 		{"IMAGE_WORKSPACE", s.WorkspaceDir},
 		{"IMAGE_TMP", s.TmpDir},
+		{"IMAGE_FARGATE_ARCH", s.Architecture},
 	} {
 		fmt.Printf("%s=%s\n", kv[0], quote(kv[1]))
 	}
