@@ -1,11 +1,15 @@
 // Command belay-sandbox is the sandbox entry: it runs one belay run's agent
-// inside a hardened sandbox (a Fargate task, or a local subprocess started
-// by the embedded control plane) and leaves the result bundle in the
-// workspace's out/ folder. See internal/sandbox.
+// inside a hardened sandbox (a Fargate task, the OCI image under runc, or a
+// local subprocess started by the embedded control plane) and uploads the
+// result bundle through the control plane's internal API. See
+// internal/sandbox.
 //
 // Usage:
 //
-//	belay-sandbox --workspace DIR
+//	belay-sandbox --workspace DIR   file mode: spec.json and token files in DIR
+//	belay-sandbox                   claim mode: BELAY_CLAIM, BELAY_API_URL,
+//	                                BELAY_API_SOCKET, BELAY_API_PEER_UID,
+//	                                BELAY_WORKSPACE (see internal/sandbox/workspace)
 package main
 
 import (
@@ -23,21 +27,26 @@ import (
 var version = "dev"
 
 func main() {
-	workspace := flag.String("workspace", "", "the sandbox workspace: spec.json, tokens/, repo/, out/, home/")
+	workspace := flag.String("workspace", "", "file mode: the sandbox workspace holding spec.json and tokens/ (without it: claim mode, from BELAY_CLAIM)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
 		fmt.Println("belay-sandbox", version)
 		return
 	}
-	if *workspace == "" || flag.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: belay-sandbox --workspace DIR")
+	if flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: belay-sandbox [--workspace DIR]")
 		os.Exit(2)
 	}
 	// SIGTERM (a stopped task or a cancelled run) ends the agent loop; the
-	// entry still writes what it can before it exits.
+	// entry still uploads what it can before it exits.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	code := sandbox.Main(ctx, *workspace)
+	var code int
+	if *workspace != "" {
+		code = sandbox.Main(ctx, *workspace)
+	} else {
+		code = sandbox.MainClaim(ctx, os.Getenv, nil)
+	}
 	stop()
 	os.Exit(code)
 }

@@ -1,5 +1,10 @@
 package belay
 
+import (
+	"slices"
+	"strconv"
+)
+
 // MaxArtifactIDLen bounds a run id and an artifact name in an artifact store.
 const MaxArtifactIDLen = 128
 
@@ -60,3 +65,16 @@ func CheckArtifactPut(runID, name string, content []byte) error {
 func isArtifactIDByte(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
 }
+
+// StagedOutputName is the artifact name under which a sandbox's output
+// (one of ArtifactNames) waits, for one attempt, until the control plane
+// has read and validated it: "sandbox-<attempt>-<name>". Only validated
+// outputs are stored under their public names; staged ones are never
+// listed or served to callers (see IsPublicArtifact).
+func StagedOutputName(attempt int, name string) string {
+	return "sandbox-" + strconv.Itoa(attempt) + "-" + name
+}
+
+// IsPublicArtifact reports whether name is one a caller may list and read:
+// one of ArtifactNames.
+func IsPublicArtifact(name string) bool { return slices.Contains(ArtifactNames, name) }

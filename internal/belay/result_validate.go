@@ -39,9 +39,8 @@ const (
 
 // ValidateResult decides whether a sandbox's output can be believed. The
 // control plane, not the sandbox, decides a run's outcome, so everything in
-// files is treated as hostile: files holds what the sandbox left in its
-// output folder (result.json, patch.diff, transcript.jsonl; other names are
-// ignored).
+// files is treated as hostile: files holds what the sandbox uploaded
+// (result.json, patch.diff, transcript.jsonl; other names are ignored).
 //
 // result.json must be present, at most MaxResultJSONBytes, and exactly one
 // JSON object of the ResultBundle shape: names matched exactly (not

@@ -121,8 +121,8 @@ type Launcher interface {
 // Sandbox is one running sandbox.
 type Sandbox interface {
 	// Wait blocks until the sandbox exits or ctx ends, and returns how it
-	// ended and the files it left in its output folder (result.json,
-	// patch.diff, transcript.jsonl; each capped at MaxArtifactBytes).
+	// ended. What the sandbox produced it uploaded itself (see
+	// StagedOutputName); a launcher never reads files a sandbox left.
 	Wait(ctx context.Context) (SandboxExit, error)
 	// Stop kills the sandbox; it is idempotent.
 	Stop(ctx context.Context) error
@@ -139,5 +139,4 @@ type SandboxExit struct {
 	// limit. A launcher that cannot tell leaves it false.
 	OOMKilled bool
 	Duration  time.Duration
-	Files     map[string][]byte
 }

@@ -90,7 +90,30 @@ func storeTestTranscriptSandbox(tb testing.TB, marker string) string {
 	}
 	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
 	path := filepath.Join(dir, embedded.SandboxBinName)
-	script := "#!/bin/sh\nprintf '%s\\n' '" + marker + "' > out/transcript.jsonl\nexec /bin/sleep 3600\n"
+	// It uploads its transcript through the outputs route as the entry
+	// does, leaves uploaded/ as a sign for the test, and sleeps.
+	script := `#!/bin/sh
+/usr/bin/python3 - "$2" <<'EOF' || exit 1
+import http.client, json, os, socket, sys
+ws = sys.argv[1]
+spec = json.load(open(os.path.join(ws, "spec.json")))
+tok = open(os.path.join(ws, "tokens", "events.token")).read().strip()
+class Conn(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(spec["apiSocket"])
+c = Conn("belay")
+c.request("PUT", "/internal/v1/runs/" + spec["runId"] + "/outputs/transcript.jsonl",
+          body=('` + marker + `' + "\n").encode(),
+          headers={"Authorization": "Bearer " + tok})
+r = c.getresponse()
+r.read()
+if r.status != 204:
+    sys.exit("upload: %d" % r.status)
+os.mkdir(os.path.join(ws, "uploaded"))
+EOF
+exec /bin/sleep 3600
+`
 	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
 		tb.Fatal(err)
 	}
@@ -196,7 +219,7 @@ func TestServeOnDynamoDBAndS3(t *testing.T) {
 			t.Fatal("the sandbox never wrote its transcript")
 		}
 		time.Sleep(10 * time.Millisecond)
-		transcript, _ = filepath.Glob(filepath.Join(cfg.SandboxDir, "*", "out", "transcript.jsonl"))
+		transcript, _ = filepath.Glob(filepath.Join(cfg.SandboxDir, "*", "uploaded"))
 	}
 	if _, err := c.Cancel(ctx, id); err != nil {
 		t.Fatalf("Cancel: %v", err)

@@ -35,6 +35,9 @@ func (s *Server) handleListArtifacts(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	// The sandbox's staged outputs are not the run's artifacts until the
+	// control plane has validated them; only what it stored is listed.
+	list = slices.DeleteFunc(list, func(a belay.ArtifactInfo) bool { return !belay.IsPublicArtifact(a.Name) })
 	s.writeJSON(w, http.StatusOK, wire.ArtifactList{Artifacts: wire.NonNil(list)})
 }
 

@@ -164,6 +164,8 @@ type harnessOptions struct {
 	// watch wraps the store in belay.WatchStore and hands its signal to
 	// the server, as belay serve does.
 	watch bool
+	// presigner, when set, is the server's OutputPresigner.
+	presigner httpapi.OutputPresigner
 }
 
 // harness is one server over a real SQLite store in a temporary directory,
@@ -270,6 +272,7 @@ func newHarness(tb testing.TB, opts harnessOptions) *harness {
 		HeartbeatInterval:  opts.heartbeat,
 		EventsPollInterval: opts.poll,
 		EventsChanged:      changed,
+		Presigner:          opts.presigner,
 	}
 	api, err := httpapi.New(cfg)
 	if err != nil {
@@ -382,7 +385,7 @@ func (h *harness) startRun(tb testing.TB, extra string, maxRequests int) (string
 	ctx := context.Background()
 	now := h.clock.Now()
 	if _, err := h.store.Transition(ctx, id, belay.Transition{
-		To: belay.StatusRunning, At: now,
+		To: belay.StatusRunning, At: now, Attempt: 1,
 		Events: []belay.EventInput{{Time: now, Type: belay.EventRunStarted, Data: json.RawMessage(`{}`)}},
 	}); err != nil {
 		tb.Fatalf("start run: %v", err)

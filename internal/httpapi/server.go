@@ -69,6 +69,10 @@ type Config struct {
 	// that appends events (belay.WatchedStore.Changed), so a stream wakes
 	// at once rather than at its next poll. Polling stays the fallback.
 	EventsChanged func() <-chan struct{}
+	// Presigner, when set, gives a claiming sandbox presigned upload URLs
+	// for its outputs (on AWS, the S3 adapter); nil points it at the
+	// outputs route.
+	Presigner OutputPresigner
 }
 
 // Upstream is the operator's model provider, which the model proxy forwards
@@ -110,6 +114,7 @@ type Server struct {
 	heartbeat    time.Duration
 	pollEvery    time.Duration
 	changed      func() <-chan struct{}
+	presigner    OutputPresigner
 
 	entropyMu sync.Mutex
 	entropy   io.Reader
@@ -165,6 +170,7 @@ func New(cfg Config) (*Server, error) {
 		heartbeat:    cfg.HeartbeatInterval,
 		pollEvery:    cfg.EventsPollInterval,
 		changed:      cfg.EventsChanged,
+		presigner:    cfg.Presigner,
 	}
 	for i, t := range cfg.ControlTokens {
 		if len(t) < MinControlTokenLen {
@@ -209,6 +215,8 @@ func New(cfg Config) (*Server, error) {
 		mux.HandleFunc("POST /internal/v1/runs/{id}/events", s.handleAppendEvents)
 		mux.HandleFunc("POST /internal/v1/runs/{id}/approvals", s.handleRequestApproval)
 		mux.HandleFunc("GET /internal/v1/runs/{id}/approvals/{approvalId}", s.handleGetApprovalInternal)
+		mux.HandleFunc("PUT /internal/v1/runs/{id}/outputs/{name}", s.handlePutOutput)
+		mux.HandleFunc("POST /internal/v1/claim", s.handleClaim)
 		mux.HandleFunc("/", s.handleNoRoute)
 	}
 	s.public.HandleFunc("POST /v1/runs", s.handleCreateRun)
@@ -229,8 +237,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // InternalHandler serves only the internal routes (model proxy, event
-// append, approvals): what the local launcher exposes on the sandbox's Unix
-// socket, so a sandbox can never reach the public API.
+// append, approvals, outputs, the claim exchange): what the local launcher
+// exposes on the sandbox's Unix socket, so a sandbox can never reach the
+// public API.
 func (s *Server) InternalHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.serve(w, r, s.internal)

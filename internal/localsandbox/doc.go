@@ -25,7 +25,7 @@
 // which needs the launcher, callers typically pass a handler that forwards
 // to the API server once it exists (see the real-entry test).
 //
-// Nothing the sandbox leaves behind is trusted: its output files are read
-// without following symbolic links, only as regular files owned by the
-// sandbox user, and each is capped at belay.MaxArtifactBytes.
+// Nothing the sandbox leaves behind is read: the entry uploads its outputs
+// (result.json, patch.diff, transcript.jsonl) through the internal API,
+// where a command that runs as the sandbox user cannot swap them.
 package localsandbox

@@ -47,6 +47,10 @@ const (
 	measureNetNS        = "network namespace (no network; the control plane only through api.sock)"
 	measureIPCNS        = "IPC namespace"
 	measureUTSNS        = "UTS namespace"
+	// measurePeerUID is missing wherever the sandbox runs as belay's own
+	// uid: the entry pins the api.sock it found at its start and checks its
+	// listener's uid, but a process of the sandbox has that uid too.
+	measurePeerUID = "the entry cannot tell belay's api.sock listener from a process of the sandbox by its uid (both run as this user)"
 )
 
 // tier is one isolation setting the launcher may apply, strongest first.
@@ -241,7 +245,7 @@ func (l *Launcher) autoTiers() []tier {
 		name: tierUserNS,
 		applied: append(append([]string{fmt.Sprintf("user namespace (uid %d mapped to itself, no capabilities)", uid)},
 			namespaces...), always...),
-		missing: []string{fmt.Sprintf("uid drop (not root: runs as this user, uid %d)", uid)},
+		missing: []string{fmt.Sprintf("uid drop (not root: runs as this user, uid %d)", uid), measurePeerUID},
 		sysAttrs: func(int, int) *syscall.SysProcAttr {
 			return &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL,
 				Cloneflags:                 syscall.CLONE_NEWUSER | namespaceFlags,
@@ -260,6 +264,7 @@ func (l *Launcher) noneTier() tier {
 	} else {
 		missing = append([]string{fmt.Sprintf("uid drop (not root: runs as this user, uid %d)", os.Getuid()), "user namespace"}, missing...)
 	}
+	missing = append(missing, measurePeerUID)
 	return tier{
 		name:    tierNone,
 		applied: []string{measureProcessGroup, measureEmptyEnv},

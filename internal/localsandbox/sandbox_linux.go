@@ -151,6 +151,10 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 	}
 	spec.APISocket = socket
 	spec.APIBaseURL = APIBaseURL
+	// The entry talks only to a listener of belay's uid; in a tier where
+	// the sandbox runs as belay's uid too, it cannot tell them apart.
+	belayUID := os.Geteuid()
+	spec.APIPeerUID, spec.APIPeerSharesUID = &belayUID, !l.tier.dropsUID
 	chownTo := -1
 	if s.owner != os.Geteuid() {
 		chownTo = s.owner
@@ -283,9 +287,8 @@ func (s *Sandbox) OutputTail() string { return s.out.Tail() }
 
 // Wait blocks until the entry exits or ctx ends. When ctx ends first it
 // returns ctx's error and leaves the sandbox running: stopping it is the
-// caller's decision (Stop). After the exit it reads the output files (see
-// package doc); an oversize, symlinked or otherwise suspect file is left
-// out of Files and logged.
+// caller's decision (Stop). It reads nothing the sandbox left: the entry
+// uploads its outputs through the internal API itself.
 func (s *Sandbox) Wait(ctx context.Context) (belay.SandboxExit, error) {
 	select {
 	case <-s.done:
@@ -309,12 +312,6 @@ func (s *Sandbox) Wait(ctx context.Context) (belay.SandboxExit, error) {
 		default:
 			exit.ExitCode = ws.ExitStatus()
 		}
-		files, err := readOutputs(s.ws, s.owner, s.log)
-		if err != nil {
-			s.resultErr = fmt.Errorf("read output of sandbox of run %s: %w", s.runID, err)
-			return
-		}
-		exit.Files = files
 		attrs := []any{"exit_code", exit.ExitCode, "signaled", exit.Signaled,
 			"duration", exit.Duration.String(), "output_bytes", s.out.Total()}
 		if exit.ExitCode != 0 {

@@ -2,10 +2,7 @@ package localsandbox
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -92,85 +89,6 @@ func writeNewFile(path string, data []byte, perm os.FileMode, uid, gid int) erro
 		err = cerr
 	}
 	return err
-}
-
-// readOutputs reads out/result.json, out/patch.diff and
-// out/transcript.jsonl from ws. Each must be a regular file reached without
-// any symbolic link, owned by owner, with one link, and at most
-// belay.MaxArtifactBytes; a file that fails any of these is left out and
-// logged. A missing file is simply absent. Only an I/O failure is an error.
-func readOutputs(ws string, owner int, log *slog.Logger) (map[string][]byte, error) {
-	files := map[string][]byte{}
-	wsfd, err := unix.Open(ws, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("open workspace: %w", err)
-	}
-	defer unix.Close(wsfd)
-	outfd, err := unix.Openat(wsfd, workspace.OutDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		return files, nil
-	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
-		log.Warn("sandbox output folder is not a directory (or is a symbolic link); all output left out")
-		return files, nil
-	case err != nil:
-		return nil, fmt.Errorf("open out/: %w", err)
-	}
-	defer unix.Close(outfd)
-	for _, name := range belay.ArtifactNames {
-		b, why, err := readOutput(outfd, name, owner)
-		if err != nil {
-			return nil, err
-		}
-		if why != "" {
-			log.Warn("sandbox output file left out", "file", name, "why", why)
-			continue
-		}
-		if b != nil {
-			files[name] = b
-		}
-	}
-	return files, nil
-}
-
-// readOutput reads one output file. It returns the content, or a reason to
-// leave the file out, or an I/O error; a missing file returns nothing.
-func readOutput(dirfd int, name string, owner int) (content []byte, leftOut string, err error) {
-	// O_NONBLOCK: a FIFO opens without waiting for a writer, and fstat
-	// then refuses it. O_NOCTTY: a terminal never becomes belay's.
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		return nil, "", nil
-	case errors.Is(err, unix.ELOOP):
-		return nil, "it is a symbolic link", nil
-	case err != nil:
-		return nil, "", fmt.Errorf("open out/%s: %w", name, err)
-	}
-	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, "", fmt.Errorf("stat out/%s: %w", name, err)
-	}
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return nil, "it is not a regular file", nil
-	case int(st.Uid) != owner:
-		return nil, "it is owned by uid " + strconv.Itoa(int(st.Uid)) + ", not by the sandbox user", nil
-	case st.Nlink != 1:
-		return nil, "it has " + strconv.Itoa(int(st.Nlink)) + " hard links", nil
-	case st.Size > belay.MaxArtifactBytes:
-		return nil, fmt.Sprintf("it is %d bytes; at most %d are kept", st.Size, belay.MaxArtifactBytes), nil
-	}
-	b, err := io.ReadAll(io.LimitReader(f, belay.MaxArtifactBytes+1))
-	if err != nil {
-		return nil, "", fmt.Errorf("read out/%s: %w", name, err)
-	}
-	if len(b) > belay.MaxArtifactBytes {
-		return nil, fmt.Sprintf("it grew past %d bytes while being read", belay.MaxArtifactBytes), nil
-	}
-	return b, "", nil
 }
 
 // removeTree removes dir and everything in it. Running as root that always

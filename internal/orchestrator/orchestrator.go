@@ -14,9 +14,11 @@ package orchestrator
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime/debug"
 	"strings"
@@ -81,6 +83,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock of stored times and expiries. Nil means time.Now.
 	Now func() time.Time
+	// Entropy draws claim codes. Nil means crypto/rand.
+	Entropy io.Reader
 	// TokenGrace is how long the run's tokens and capability outlive its
 	// wall time, so a sandbox finishing at the deadline can still report.
 	// Zero means DefaultTokenGrace.
@@ -100,6 +104,7 @@ type Orchestrator struct {
 	signer     *token.Signer
 	log        *slog.Logger
 	now        func() time.Time
+	entropy    io.Reader
 	tokenGrace time.Duration
 	stopGrace  time.Duration
 
@@ -148,6 +153,7 @@ func New(cfg Config) (*Orchestrator, error) {
 		signer:     cfg.Signer,
 		log:        cfg.Logger,
 		now:        cfg.Now,
+		entropy:    cfg.Entropy,
 		tokenGrace: cfg.TokenGrace,
 		stopGrace:  cfg.StopGrace,
 		runs:       make(map[string]*flight),
@@ -157,6 +163,9 @@ func New(cfg Config) (*Orchestrator, error) {
 	}
 	if o.now == nil {
 		o.now = time.Now
+	}
+	if o.entropy == nil {
+		o.entropy = rand.Reader
 	}
 	if o.tokenGrace == 0 {
 		o.tokenGrace = DefaultTokenGrace
@@ -359,14 +368,14 @@ func (o *Orchestrator) fly(f *flight) {
 
 	var (
 		run     belay.Run
-		tokens  belay.SandboxTokens
-		owned   bool // this flight moved the run to running
+		spec    belay.SandboxSpec // holds the tokens and the claim code
+		owned   bool              // this flight moved the run to running
 		sandbox belay.Sandbox
 	)
 	defer func() {
 		if owned {
 			if err := o.Cleanup(store, f.id, sandbox); err != nil {
-				log.Error("clean up run", "err", redact(err.Error(), tokens))
+				log.Error("clean up run", "err", redact(err.Error(), spec))
 			}
 		}
 	}()
@@ -375,12 +384,12 @@ func (o *Orchestrator) fly(f *flight) {
 		if p == nil {
 			return
 		}
-		log.Error("run panicked", "panic", redact(fmt.Sprint(p), tokens), "stack", string(debug.Stack()))
+		log.Error("run panicked", "panic", redact(fmt.Sprint(p), spec), "stack", string(debug.Stack()))
 		if owned {
 			// Stop the sandbox before the run is reported failed; the
 			// deferred Cleanup repeats this harmlessly.
 			if err := o.Cleanup(store, f.id, sandbox); err != nil {
-				log.Error("clean up run", "err", redact(err.Error(), tokens))
+				log.Error("clean up run", "err", redact(err.Error(), spec))
 			}
 		}
 		if run.ID == "" {
@@ -393,15 +402,15 @@ func (o *Orchestrator) fly(f *flight) {
 
 	// Activate under f.mu, so that a concurrent Cancel revokes the
 	// capability after it exists rather than before.
-	activate := func() (belay.Run, belay.SandboxTokens, error) {
+	activate := func() (belay.Run, belay.SandboxSpec, error) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if ctx.Err() != nil {
-			return belay.Run{}, belay.SandboxTokens{}, errNotStarted
+			return belay.Run{}, belay.SandboxSpec{}, errNotStarted
 		}
 		return o.Activate(store, f.id)
 	}
-	run, tokens, err := activate()
+	run, spec, err := activate()
 	owned = run.Status == belay.StatusRunning
 	if err != nil {
 		switch {
@@ -427,19 +436,19 @@ func (o *Orchestrator) fly(f *flight) {
 
 	if cause := interruption(ctx); cause != nil {
 		// Cancelled or shut down while activating: launch nothing.
-		o.finish(store, log, run, Validate(run, belay.SandboxExit{}, cause))
+		o.finish(store, log, run, Validate(run, belay.SandboxExit{}, nil, cause))
 		return
 	}
-	sb, err := o.Launch(ctx, run, tokens)
+	sb, err := o.Launch(ctx, spec)
 	f.mu.Lock()
 	sandbox, f.sandbox = sb, sb
 	f.mu.Unlock()
 	if err != nil {
 		out := Outcome{Status: belay.StatusFailed, Reason: ReasonLaunch}
 		if cause := interruption(ctx); cause != nil {
-			out = Validate(run, belay.SandboxExit{}, cause)
+			out = Validate(run, belay.SandboxExit{}, nil, cause)
 		} else {
-			log.Error("launch sandbox", "err", redact(err.Error(), tokens))
+			log.Error("launch sandbox", "err", redact(err.Error(), spec))
 		}
 		o.finish(store, log, run, out)
 		return
@@ -448,18 +457,19 @@ func (o *Orchestrator) fly(f *flight) {
 	exit, waitErr := o.Wait(ctx, run, sb)
 	if waitErr != nil && waitErr != ErrTimeout && waitErr != ErrCancelled && waitErr != ErrShutdown {
 		// The sandbox could not be waited for or stopped cleanly.
-		log.Error("wait for sandbox", "err", redact(waitErr.Error(), tokens))
+		log.Error("wait for sandbox", "err", redact(waitErr.Error(), spec))
 	}
-	// The sandbox is gone: no model call from here on.
+	// The sandbox is gone: no model call, and no upload, from here on.
 	if err := o.store.RevokeCapability(store, f.id); err != nil {
 		log.Error("revoke capability", "err", err)
 	}
-	out := Validate(run, exit, waitErr)
+	files := o.Collect(store, run)
+	out := Validate(run, exit, files, waitErr)
 	if errors.Is(context.Cause(ctx), ErrCancelled) && out.Status != belay.StatusCancelled {
 		// Cancelled while finishing: the cancel wins over a late result.
 		out = Outcome{Status: belay.StatusCancelled, Reason: ReasonCancelled, Files: out.Files}
 	}
-	o.finish(store, log, run, redactOutcome(out, tokens))
+	o.finish(store, log, run, redactOutcome(out, spec))
 }
 
 // land forgets a finished flight.
@@ -497,17 +507,21 @@ func (o *Orchestrator) finish(ctx context.Context, log *slog.Logger, run belay.R
 	log.Info("run finished", attrs...)
 }
 
-// Activate moves the queued run to running (appending run.started), gives
-// it its capability (its model, MaxRequests, expiring TokenGrace after its
-// wall time) and issues its three tokens with the same lifetime.
+// Activate moves the queued run to running at attempt 1 (appending
+// run.started), gives it its capability (its model, MaxRequests, expiring
+// TokenGrace after its wall time), issues its three tokens with the same
+// lifetime, and stores a claim code for attempt 1 (belay.ClaimTTL). It
+// returns the sandbox's spec with both: a launcher that hands the tokens
+// over as files uses Tokens, one that starts the entry in claim mode uses
+// Claim, which then gets fresh tokens for its attempt.
 //
 // The returned run has status running once that move is stored, even when
 // a later part fails: the caller then owns the run and must finalize it.
 // Returns conflict, and a zero run, if the run is not queued.
-func (o *Orchestrator) Activate(ctx context.Context, runID string) (belay.Run, belay.SandboxTokens, error) {
+func (o *Orchestrator) Activate(ctx context.Context, runID string) (belay.Run, belay.SandboxSpec, error) {
 	stored, err := o.store.GetRun(ctx, runID)
 	if err != nil {
-		return belay.Run{}, belay.SandboxTokens{}, fmt.Errorf("activate run %s: %w", runID, err)
+		return belay.Run{}, belay.SandboxSpec{}, fmt.Errorf("activate run %s: %w", runID, err)
 	}
 	now := o.now()
 	req := stored.Request
@@ -516,14 +530,14 @@ func (o *Orchestrator) Activate(ctx context.Context, runID string) (belay.Run, b
 		WallTimeSeconds int `json:"wallTimeSeconds"`
 	}{req.MaxRequests(), req.WallTimeSeconds})
 	if err != nil {
-		return belay.Run{}, belay.SandboxTokens{}, fmt.Errorf("activate run %s: %w", runID, err)
+		return belay.Run{}, belay.SandboxSpec{}, fmt.Errorf("activate run %s: %w", runID, err)
 	}
 	run, err := o.store.Transition(ctx, runID, belay.Transition{
-		To: belay.StatusRunning, At: now,
+		To: belay.StatusRunning, At: now, Attempt: 1,
 		Events: []belay.EventInput{{Time: now, Type: belay.EventRunStarted, Data: started}},
 	})
 	if err != nil {
-		return belay.Run{}, belay.SandboxTokens{}, fmt.Errorf("activate run %s: %w", runID, err)
+		return belay.Run{}, belay.SandboxSpec{}, fmt.Errorf("activate run %s: %w", runID, err)
 	}
 
 	ttl := time.Duration(req.WallTimeSeconds)*time.Second + o.tokenGrace
@@ -534,22 +548,30 @@ func (o *Orchestrator) Activate(ctx context.Context, runID string) (belay.Run, b
 		ExpiresAt:   now.Add(ttl),
 		MaxRequests: req.MaxRequests(),
 	}); err != nil {
-		return run, belay.SandboxTokens{}, fmt.Errorf("activate capability of run %s: %w", runID, err)
+		return run, belay.SandboxSpec{}, fmt.Errorf("activate capability of run %s: %w", runID, err)
 	}
 	set, err := o.signer.IssueSet(runID, req.Model, ttl)
 	if err != nil {
-		return run, belay.SandboxTokens{}, fmt.Errorf("issue tokens of run %s: %w", runID, err)
+		return run, belay.SandboxSpec{}, fmt.Errorf("issue tokens of run %s: %w", runID, err)
 	}
-	return run, belay.SandboxTokens{Model: set.Model, Events: set.Events, Approvals: set.Approvals}, nil
+	code, claim, err := belay.NewClaim(runID, run.Attempt, now, o.entropy)
+	if err != nil {
+		return run, belay.SandboxSpec{}, err
+	}
+	if err := o.store.CreateClaim(ctx, claim); err != nil {
+		return run, belay.SandboxSpec{}, fmt.Errorf("store claim of run %s: %w", runID, err)
+	}
+	spec := belay.SpecForRun(run)
+	spec.Tokens = belay.SandboxTokens{Model: set.Model, Events: set.Events, Approvals: set.Approvals}
+	spec.Claim = code
+	return run, spec, nil
 }
 
-// Launch starts the run's sandbox with its spec and tokens.
-func (o *Orchestrator) Launch(ctx context.Context, run belay.Run, tokens belay.SandboxTokens) (belay.Sandbox, error) {
-	spec := belay.SpecFor(run.ID, run.Request)
-	spec.Tokens = tokens
+// Launch starts the run's sandbox with spec, as Activate made it.
+func (o *Orchestrator) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sandbox, error) {
 	sb, err := o.launcher.Launch(ctx, spec)
 	if err != nil {
-		return nil, fmt.Errorf("launch sandbox of run %s: %w", run.ID, err)
+		return nil, fmt.Errorf("launch sandbox of run %s: %w", spec.RunID, err)
 	}
 	return sb, nil
 }
@@ -558,8 +580,7 @@ func (o *Orchestrator) Launch(ctx context.Context, run belay.Run, tokens belay.S
 // from its start) is over or ctx ends. It then gives the sandbox StopGrace
 // to exit on its own, stops it and collects what it left. The error says
 // why the sandbox did not simply exit: ErrTimeout, the cause of ctx
-// (ErrCancelled, ErrShutdown), or a failure to wait; the exit holds
-// whatever files could be collected all the same.
+// (ErrCancelled, ErrShutdown), or a failure to wait.
 func (o *Orchestrator) Wait(ctx context.Context, run belay.Run, sb belay.Sandbox) (belay.SandboxExit, error) {
 	limit := time.Duration(run.Request.WallTimeSeconds) * time.Second
 	if !run.StartedAt.IsZero() {
@@ -596,6 +617,38 @@ func (o *Orchestrator) Wait(ctx context.Context, run belay.Run, sb belay.Sandbox
 	return exit, cause
 }
 
+// Collect reads the outputs the run's sandbox uploaded for its attempt
+// (belay.StagedOutputName) from the artifact store, after the sandbox has
+// exited: nothing is read from the sandbox's workspace, where a command
+// running as the sandbox user could swap a file. A missing output is left
+// out; one that cannot be read, or is over belay.MaxArtifactBytes, is left
+// out and logged. Validate then decides what they are worth.
+func (o *Orchestrator) Collect(ctx context.Context, run belay.Run) map[string][]byte {
+	return ReadOutputs(ctx, o.artifacts, run, o.log.With("run_id", run.ID))
+}
+
+// ReadOutputs is Collect for a caller without an Orchestrator (the steps
+// function's validate task on AWS).
+func ReadOutputs(ctx context.Context, artifacts belay.ArtifactStore, run belay.Run, log *slog.Logger) map[string][]byte {
+	files := map[string][]byte{}
+	for _, name := range belay.ArtifactNames {
+		staged := belay.StagedOutputName(run.Attempt, name)
+		b, err := artifacts.GetArtifact(ctx, run.ID, staged)
+		switch {
+		case belay.IsCode(err, belay.CodeNotFound):
+			continue
+		case err != nil:
+			log.Warn("sandbox output left out", "output", name, "attempt", run.Attempt, "err", err)
+			continue
+		case len(b) > belay.MaxArtifactBytes:
+			log.Warn("sandbox output left out: too large", "output", name, "attempt", run.Attempt, "size", len(b))
+			continue
+		}
+		files[name] = b
+	}
+	return files
+}
+
 // Outcome is how a run ends: what Validate decides and Finalize records.
 // Files are the sandbox's output files, stored as artifacts whatever the
 // status.
@@ -620,8 +673,9 @@ type Outcome struct {
 // When the kernel killed a process of the sandbox at its memory limit
 // (exit.OOMKilled), a run that fails for any of these reasons but the
 // stopping ones fails with "sandbox out of memory" instead: that is why.
-func Validate(run belay.Run, exit belay.SandboxExit, waitErr error) Outcome {
-	out := Outcome{Status: belay.StatusFailed, Files: exit.Files}
+// files are the outputs the sandbox uploaded (Collect).
+func Validate(run belay.Run, exit belay.SandboxExit, files map[string][]byte, waitErr error) Outcome {
+	out := Outcome{Status: belay.StatusFailed, Files: files}
 	switch {
 	case errors.Is(waitErr, ErrCancelled):
 		out.Status, out.Reason = belay.StatusCancelled, ReasonCancelled
@@ -643,7 +697,7 @@ func Validate(run belay.Run, exit belay.SandboxExit, waitErr error) Outcome {
 		return out
 	}
 
-	b, err := belay.ValidateResult(run.ID, run.Request, exit.Files)
+	b, err := belay.ValidateResult(run.ID, run.Request, files)
 	crashed := exit.ExitCode != 0
 	if err == nil && (b.Status == belay.StatusFailed || !crashed) {
 		code := b.ExitCode
@@ -775,26 +829,38 @@ func interruption(ctx context.Context) error {
 	return context.Cause(ctx)
 }
 
-// redact replaces each of the run's tokens in s, so that an error or a panic
-// that quotes one cannot carry it into a log.
-func redact(s string, tokens belay.SandboxTokens) string {
-	for _, t := range []string{tokens.Model, tokens.Events, tokens.Approvals} {
-		if t != "" {
-			s = strings.ReplaceAll(s, t, "[redacted]")
+// secretsOf lists what a run's spec carries that no log or artifact may:
+// its three tokens and its claim code.
+func secretsOf(spec belay.SandboxSpec) []string {
+	var out []string
+	for _, v := range []string{spec.Tokens.Model, spec.Tokens.Events, spec.Tokens.Approvals, spec.Claim.Reveal()} {
+		if v != "" {
+			out = append(out, v)
 		}
 	}
-	return s
+	return out
 }
 
-// redactOutcome removes the run's tokens from everything the outcome will
-// store. A sandbox should never write one, but its output is untrusted, and
-// an agent that read its token file would otherwise publish it.
-func redactOutcome(out Outcome, tokens belay.SandboxTokens) Outcome {
-	out.Reason = redact(out.Reason, tokens)
+// redact replaces the run's tokens and claim code in s, and anything else
+// shaped like a run token (the claim exchange issues tokens this
+// orchestrator never sees), so that an error or a panic that quotes one
+// cannot carry it into a log.
+func redact(s string, spec belay.SandboxSpec) string {
+	for _, t := range secretsOf(spec) {
+		s = strings.ReplaceAll(s, t, "[redacted]")
+	}
+	return token.RedactAll(s)
+}
+
+// redactOutcome removes the run's secrets (see redact) from everything the
+// outcome will store. A sandbox should never write one, but its output is
+// untrusted, and an agent that read its token would otherwise publish it.
+func redactOutcome(out Outcome, spec belay.SandboxSpec) Outcome {
+	out.Reason = redact(out.Reason, spec)
 	if len(out.Checks) > 0 {
 		checks := make([]belay.CheckResult, len(out.Checks))
 		for i, c := range out.Checks {
-			c.OutputTail = redact(c.OutputTail, tokens)
+			c.OutputTail = redact(c.OutputTail, spec)
 			checks[i] = c
 		}
 		out.Checks = checks
@@ -802,12 +868,10 @@ func redactOutcome(out Outcome, tokens belay.SandboxTokens) Outcome {
 	if len(out.Files) > 0 {
 		files := make(map[string][]byte, len(out.Files))
 		for name, content := range out.Files {
-			for _, t := range []string{tokens.Model, tokens.Events, tokens.Approvals} {
-				if t != "" {
-					content = bytes.ReplaceAll(content, []byte(t), []byte("[redacted]"))
-				}
+			for _, t := range secretsOf(spec) {
+				content = bytes.ReplaceAll(content, []byte(t), []byte("[redacted]"))
 			}
-			files[name] = content
+			files[name] = token.RedactAllBytes(content)
 		}
 		out.Files = files
 	}

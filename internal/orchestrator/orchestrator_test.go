@@ -201,12 +201,24 @@ func (s *fakeSandbox) Cleanup() error {
 	return os.RemoveAll(s.workspace)
 }
 
+// upload does what the sandbox entry does at its end: it puts files in the
+// artifact store under the names staged for its attempt, as the outputs
+// route would, and returns exit.
+func (s *fakeSandbox) upload(exit belay.SandboxExit, files map[string][]byte) belay.SandboxExit {
+	for name, b := range files {
+		if err := s.h.artifacts.PutArtifact(context.Background(), s.spec.RunID, belay.StagedOutputName(s.spec.Attempt, name), b); err != nil {
+			s.h.t.Errorf("sandbox double: upload %s: %v", name, err)
+		}
+	}
+	return exit
+}
+
 // The scripts.
 
 // exitWith leaves files and exits with code.
 func exitWith(code int, files func(tb testing.TB, runID string) map[string][]byte) script {
 	return func(sb *fakeSandbox) belay.SandboxExit {
-		return belay.SandboxExit{ExitCode: code, Files: files(sb.h.t, sb.spec.RunID)}
+		return sb.upload(belay.SandboxExit{ExitCode: code}, files(sb.h.t, sb.spec.RunID))
 	}
 }
 
@@ -214,7 +226,7 @@ func exitWith(code int, files func(tb testing.TB, runID string) map[string][]byt
 func blockUntilStopped(files map[string][]byte) script {
 	return func(sb *fakeSandbox) belay.SandboxExit {
 		<-sb.stopped
-		return belay.SandboxExit{ExitCode: -1, Signaled: true, Files: files}
+		return sb.upload(belay.SandboxExit{ExitCode: -1, Signaled: true}, files)
 	}
 }
 
@@ -412,7 +424,7 @@ func (h *harness) assertNoTokens(tb testing.TB, runID string) {
 	if sb == nil {
 		return
 	}
-	toks := []string{sb.spec.Tokens.Model, sb.spec.Tokens.Events, sb.spec.Tokens.Approvals}
+	toks := []string{sb.spec.Tokens.Model, sb.spec.Tokens.Events, sb.spec.Tokens.Approvals, sb.spec.Claim.Reveal()}
 	logs := h.logs.String()
 	var evs bytes.Buffer
 	for _, e := range h.events(tb, runID) {
@@ -484,22 +496,27 @@ func TestHappyPath(t *testing.T) {
 	type seen struct {
 		consume belay.ConsumeResult
 		cap     belay.Capability
+		claim   belay.Claim
 		err     error
 	}
 	during := make(chan seen, 1)
 	h.createRun(t, id, req, plan{script: func(sb *fakeSandbox) belay.SandboxExit {
-		// While the sandbox runs, its capability answers model calls.
+		// While the sandbox runs, its capability answers model calls, and
+		// its claim code is good once, within belay.ClaimTTL.
 		var s seen
 		s.consume, s.err = h.store.ConsumeModelRequest(context.Background(), id, testModel, clock)
 		if s.err == nil {
 			s.cap, s.err = h.store.GetCapability(context.Background(), id)
+		}
+		if hash, ok := belay.HashClaimCode(sb.spec.Claim.Reveal()); s.err == nil && ok {
+			s.claim, s.err = h.store.ConsumeClaim(context.Background(), hash, id, clock.Add(belay.ClaimTTL-time.Second))
 		}
 		during <- s
 		files := bundleFiles(h.t, completedBundle(id), goodPatch)
 		// An agent that leaked its model token into the transcript: the
 		// control plane must not publish it.
 		files["transcript.jsonl"] = append(files["transcript.jsonl"], `{"leak":"`+sb.spec.Tokens.Model+`"}`+"\n"...)
-		return belay.SandboxExit{ExitCode: 0, Files: files}
+		return sb.upload(belay.SandboxExit{ExitCode: 0}, files)
 	}})
 
 	if err := h.orch.Submit(t.Context(), id); err != nil {
@@ -540,6 +557,9 @@ func TestHappyPath(t *testing.T) {
 	if s.err != nil {
 		t.Fatalf("during the run: %v", s.err)
 	}
+	if s.claim.RunID != id || s.claim.Attempt != 1 || !s.claim.ExpiresAt.Equal(clock.Add(belay.ClaimTTL)) {
+		t.Errorf("during the run: claim = %+v, want run %s attempt 1 expiring %v", s.claim, id, clock.Add(belay.ClaimTTL))
+	}
 	if s.consume.Outcome != belay.ConsumeOK || s.consume.Remaining != req.MaxRequests()-1 {
 		t.Errorf("during the run: consume = %+v, want ok with %d left", s.consume, req.MaxRequests()-1)
 	}
@@ -560,6 +580,15 @@ func TestHappyPath(t *testing.T) {
 		if _, err := h.signer.Verify(tok, token.Expect{Audience: aud, RunID: id, Model: testModel}); err != nil {
 			t.Errorf("%s token: %v", aud, err)
 		}
+	}
+	// And a claim code for its attempt, good once, for a launcher that
+	// starts the entry in claim mode.
+	if sb.spec.Attempt != 1 || run.Attempt != 1 {
+		t.Errorf("spec attempt %d, run attempt %d; want 1", sb.spec.Attempt, run.Attempt)
+	}
+	hash, _ := belay.HashClaimCode(sb.spec.Claim.Reveal())
+	if _, err := h.store.ConsumeClaim(t.Context(), hash, id, clock.Add(time.Second)); !belay.IsCode(err, belay.CodeUnauthorized) {
+		t.Errorf("a second ConsumeClaim = %v, want unauthorized", err)
 	}
 
 	var types []string
@@ -618,19 +647,19 @@ func TestRunOutcomes(t *testing.T) {
 		{name: "completed bundle from a crashed sandbox", plan: plan{script: exitWith(2, good)},
 			status: belay.StatusFailed, reason: "sandbox exited with code 2", exitCode: intPtr(2), artifacts: belay.ArtifactNames},
 		{name: "killed mid-run", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
-			return belay.SandboxExit{ExitCode: -1, Signaled: true, Files: onlyTranscript(sb.h.t, sb.spec.RunID)}
+			return sb.upload(belay.SandboxExit{ExitCode: -1, Signaled: true}, onlyTranscript(sb.h.t, sb.spec.RunID))
 		}}, status: belay.StatusFailed, reason: orchestrator.ReasonKilled, artifacts: []string{"transcript.jsonl"}},
 		{name: "killed at the memory limit", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
-			return belay.SandboxExit{ExitCode: 137, Signaled: true, OOMKilled: true, Files: onlyTranscript(sb.h.t, sb.spec.RunID)}
+			return sb.upload(belay.SandboxExit{ExitCode: 137, Signaled: true, OOMKilled: true}, onlyTranscript(sb.h.t, sb.spec.RunID))
 		}}, status: belay.StatusFailed, reason: orchestrator.ReasonOutOfMemory, artifacts: []string{"transcript.jsonl"}},
 		{name: "a check killed at the memory limit", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
-			return belay.SandboxExit{ExitCode: 0, OOMKilled: true, Files: failedBundle(sb.h.t, sb.spec.RunID)}
+			return sb.upload(belay.SandboxExit{ExitCode: 0, OOMKilled: true}, failedBundle(sb.h.t, sb.spec.RunID))
 		}}, status: belay.StatusFailed, reason: orchestrator.ReasonOutOfMemory, exitCode: intPtr(1), checks: 1, artifacts: belay.ArtifactNames},
 		{name: "crashed after an OOM kill", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
-			return belay.SandboxExit{ExitCode: 2, OOMKilled: true, Files: onlyTranscript(sb.h.t, sb.spec.RunID)}
+			return sb.upload(belay.SandboxExit{ExitCode: 2, OOMKilled: true}, onlyTranscript(sb.h.t, sb.spec.RunID))
 		}}, status: belay.StatusFailed, reason: orchestrator.ReasonOutOfMemory, exitCode: intPtr(2), artifacts: []string{"transcript.jsonl"}},
 		{name: "completed despite an OOM kill it recovered from", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
-			return belay.SandboxExit{ExitCode: 0, OOMKilled: true, Files: good(sb.h.t, sb.spec.RunID)}
+			return sb.upload(belay.SandboxExit{ExitCode: 0, OOMKilled: true}, good(sb.h.t, sb.spec.RunID))
 		}}, status: belay.StatusCompleted, exitCode: intPtr(0), checks: 1, artifacts: belay.ArtifactNames},
 		{name: "wall time exceeded", wallTime: 1, plan: plan{script: blockUntilStopped(map[string][]byte{"transcript.jsonl": []byte("{}\n")})},
 			status: belay.StatusFailed, reason: orchestrator.ReasonTimeout, artifacts: []string{"transcript.jsonl"}},
@@ -705,7 +734,7 @@ func TestCancelWhileRunning(t *testing.T) {
 	// completion that must not win over the cancel.
 	h.createRun(t, id, testRequest(t, 60), plan{script: func(sb *fakeSandbox) belay.SandboxExit {
 		<-sb.stopped
-		return belay.SandboxExit{ExitCode: 0, Files: bundleFiles(sb.h.t, completedBundle(id), goodPatch)}
+		return sb.upload(belay.SandboxExit{ExitCode: 0}, bundleFiles(sb.h.t, completedBundle(id), goodPatch))
 	}})
 	if err := h.orch.Submit(t.Context(), id); err != nil {
 		t.Fatalf("Submit: %v", err)
@@ -806,7 +835,7 @@ func TestLateCompletionAfterCancel(t *testing.T) {
 			release := make(chan struct{})
 			h.createRun(t, id, testRequest(t, 60), plan{script: func(sb *fakeSandbox) belay.SandboxExit {
 				<-release
-				return belay.SandboxExit{ExitCode: 0, Files: bundleFiles(sb.h.t, completedBundle(id), goodPatch)}
+				return sb.upload(belay.SandboxExit{ExitCode: 0}, bundleFiles(sb.h.t, completedBundle(id), goodPatch))
 			}})
 			if err := h.orch.Submit(t.Context(), id); err != nil {
 				t.Fatalf("Submit: %v", err)
@@ -934,7 +963,7 @@ func TestStopGrace(t *testing.T) {
 	h.createRun(t, id, testRequest(t, 1), plan{script: func(sb *fakeSandbox) belay.SandboxExit {
 		<-sb.waitCut // the wall time is over: wind down
 		stopsAtExit <- sb.stops.Load()
-		return belay.SandboxExit{ExitCode: 1, Files: map[string][]byte{"transcript.jsonl": []byte(`{"step":"last"}` + "\n")}}
+		return sb.upload(belay.SandboxExit{ExitCode: 1}, map[string][]byte{"transcript.jsonl": []byte(`{"step":"last"}` + "\n")})
 	}})
 	if err := h.orch.Submit(t.Context(), id); err != nil {
 		t.Fatalf("Submit: %v", err)

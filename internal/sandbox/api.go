@@ -10,19 +10,62 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 	"github.com/belay-dev/belay/internal/wire"
 )
 
+// APIPeer is who must be listening on the control plane's Unix socket:
+// the entry checks the peer of every connection it makes there
+// (SO_PEERCRED) before it sends a byte.
+type APIPeer struct {
+	// UID is the listener's uid: belay's own.
+	UID int
+	// SharesUID accepts a listener that runs as the entry's own uid. Only
+	// the weak isolation tier of the process launcher needs it (belay and
+	// the sandbox are one user there); otherwise a peer of the entry's own
+	// uid is refused, since any process of the sandbox has that uid.
+	SharesUID bool
+}
+
+// PeerError is a connection refused because of who listens on the socket.
+// It never holds a token: the check runs before anything is sent.
+type PeerError struct {
+	Socket string
+	UID    int // the listener's uid
+	Want   int
+	Own    bool // the listener has the entry's own uid
+}
+
+// Error says who listened and who should have.
+func (e *PeerError) Error() string {
+	switch {
+	case e.UID != e.Want && e.Own:
+		return fmt.Sprintf("api socket %s: the listener runs as the sandbox's own uid %d, not the control plane's uid %d; refusing to send it anything", e.Socket, e.UID, e.Want)
+	case e.UID != e.Want:
+		return fmt.Sprintf("api socket %s: the listener runs as uid %d, not the control plane's uid %d; refusing to send it anything", e.Socket, e.UID, e.Want)
+	}
+	return fmt.Sprintf("api socket %s: the listener runs as the sandbox's own uid %d, so it may be a process of the sandbox, not the control plane; refusing to send it anything", e.Socket, e.UID)
+}
+
 // NewAPIClient returns the HTTP client for the control plane's internal
-// routes: over the Unix socket at socket when it is set (the embedded
-// control plane; the URL's host is then ignored), over TCP otherwise. It
-// never takes a proxy from the environment. Requests are bounded by their
-// context, not by a client timeout, because a model call may take minutes.
-func NewAPIClient(socket string) *http.Client {
+// routes: over the Unix socket at socket when it is set (the URL's host is
+// then ignored), over TCP otherwise. It never takes a proxy from the
+// environment. Requests are bounded by their context, not by a client
+// timeout, because a model call may take minutes.
+//
+// Over a socket, peer is required. The socket is pinned: NewAPIClient
+// opens it once (O_PATH) and every later connection goes to that inode
+// through /proc/self/fd, so a process of the sandbox that renames the
+// socket and listens on its name (a relay that would capture the tokens)
+// is never dialled. Every connection's peer is checked against peer, and
+// NewAPIClient checks one connection before it returns, so a wrong
+// listener stops the entry at once with a *PeerError.
+func NewAPIClient(socket string, peer *APIPeer) (*http.Client, error) {
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
 		Proxy:                 nil,
@@ -33,12 +76,57 @@ func NewAPIClient(socket string) *http.Client {
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
-	if socket != "" {
-		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, "unix", socket)
-		}
+	if socket == "" {
+		return &http.Client{Transport: tr}, nil
 	}
-	return &http.Client{Transport: tr}
+	if peer == nil {
+		return nil, fmt.Errorf("api socket %s: the uid of its listener is not given (apiPeerUid, %s); refusing to use a socket whose listener cannot be checked", socket, workspace.EnvAPIPeerUID)
+	}
+	pinned, err := pinSocket(socket)
+	if err != nil {
+		return nil, err
+	}
+	d := &socketDialer{socket: socket, path: pinned, peer: *peer, dialer: dialer}
+	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return d.dial(ctx) }
+	ctx, cancel := context.WithTimeout(context.Background(), dialer.Timeout)
+	defer cancel()
+	c, err := d.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.Close()
+	return &http.Client{Transport: tr}, nil
+}
+
+// socketDialer connects to the pinned socket and checks each connection's
+// peer.
+type socketDialer struct {
+	socket string // the name, for messages
+	path   string // what to connect to: /proc/self/fd/N, or the name
+	peer   APIPeer
+	dialer *net.Dialer
+}
+
+func (d *socketDialer) dial(ctx context.Context) (net.Conn, error) {
+	c, err := d.dialer.DialContext(ctx, "unix", d.path)
+	if err != nil {
+		return nil, fmt.Errorf("api socket %s: %w", d.socket, err)
+	}
+	uid, err := peerUID(c)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("api socket %s: %w", d.socket, err)
+	}
+	own := os.Geteuid()
+	switch {
+	case uid != d.peer.UID:
+		c.Close()
+		return nil, &PeerError{Socket: d.socket, UID: uid, Want: d.peer.UID, Own: uid == own}
+	case uid == own && !d.peer.SharesUID:
+		c.Close()
+		return nil, &PeerError{Socket: d.socket, UID: uid, Want: d.peer.UID, Own: true}
+	}
+	return c, nil
 }
 
 func isLoopbackHost(h string) bool {
@@ -113,7 +201,9 @@ func (r apiRoute) do(ctx context.Context, method, u string, body, out any) error
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, pathOf(u), err)
 	}
-	req.Header.Set("Authorization", "Bearer "+r.token)
+	if r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -179,4 +269,13 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// decodeErrorBody reads belay's error shape, and false for anything else.
+func decodeErrorBody(data []byte) (wire.ErrorBody, bool) {
+	var eb wire.ErrorBody
+	if err := json.Unmarshal(data, &eb); err != nil || eb.Error.Code == "" {
+		return wire.ErrorBody{}, false
+	}
+	return eb, true
 }

@@ -25,9 +25,10 @@ func scriptedModelScript() scriptedmodel.Script {
 	}}
 }
 
-func newApprovalClient(cp *controlPlane, runID, tok string, timeout time.Duration, logs io.Writer) *sandbox.ApprovalClient {
+func newApprovalClient(tb testing.TB, cp *controlPlane, runID, tok string, timeout time.Duration, logs io.Writer) *sandbox.ApprovalClient {
+	tb.Helper()
 	return sandbox.NewApprovalClient(sandbox.ApprovalsConfig{
-		BaseURL: "http://belay", HTTPClient: sandbox.NewAPIClient(cp.socket), RunID: runID, Token: tok,
+		BaseURL: "http://belay", HTTPClient: cp.apiClient(tb), RunID: runID, Token: tok,
 		Timeout: timeout, Grace: 2 * time.Second, PollInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	})
@@ -86,7 +87,7 @@ func TestApprovalClientFollowsTheRunsPolicy(t *testing.T) {
 			cp := newControlPlane(t, t.TempDir(), scriptedModelScript())
 			runID, set := cp.startRun(t, runRequest(tt.policy, tt.timeout))
 			logs := &syncBuffer{}
-			c := newApprovalClient(cp, runID, set.Approvals, time.Duration(max(tt.timeout, 1))*time.Second, logs)
+			c := newApprovalClient(t, cp, runID, set.Approvals, time.Duration(max(tt.timeout, 1))*time.Second, logs)
 			if tt.person != "" {
 				decideWhenAsked(t, cp, runID, tt.person, 1)
 			}
@@ -125,7 +126,7 @@ func TestShellRunsOnlyWhenApproved(t *testing.T) {
 			runID, set := cp.startRun(t, runRequest(tt.policy, 60))
 			w := newWorkspace(t, testFiles)
 			tools := newTools(t, w, func(c *sandbox.ToolsConfig) {
-				c.Approvals = newApprovalClient(cp, runID, set.Approvals, 60*time.Second, io.Discard)
+				c.Approvals = newApprovalClient(t, cp, runID, set.Approvals, 60*time.Second, io.Discard)
 			})
 			if tt.person != "" {
 				decideWhenAsked(t, cp, runID, tt.person, tt.asks)

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/localdir"
+	"github.com/belay-dev/belay/internal/sandbox"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/sqlite"
 	"github.com/belay-dev/belay/internal/token"
@@ -37,6 +39,7 @@ const providerKeyCanary = "sk-PROVIDER-KEY-CANARY-90b1e2"
 // internal routes on a Unix socket as the embedded launcher does.
 type controlPlane struct {
 	store        *sqlite.Store
+	arts         *localdir.Store
 	signer       *token.Signer
 	api          *httpapi.Server
 	model        *scriptedmodel.Server
@@ -87,6 +90,13 @@ func randomHex(tb testing.TB, n int) string {
 // newControlPlane starts a control plane whose internal socket is in dir.
 func newControlPlane(tb testing.TB, dir string, script scriptedmodel.Script, opts ...scriptedmodel.Option) *controlPlane {
 	tb.Helper()
+	return newControlPlaneWith(tb, dir, script, nil, opts...)
+}
+
+// newControlPlaneWith is newControlPlane with a last say on the handler's
+// configuration.
+func newControlPlaneWith(tb testing.TB, dir string, script scriptedmodel.Script, configure func(*httpapi.Config), opts ...scriptedmodel.Option) *controlPlane {
+	tb.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(tb.TempDir(), "belay.db"), sqlite.Options{})
 	if err != nil {
@@ -101,7 +111,7 @@ func newControlPlane(tb testing.TB, dir string, script scriptedmodel.Script, opt
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cp := &controlPlane{store: st, signer: signer, controlToken: randomHex(tb, 16), logs: &syncBuffer{}}
+	cp := &controlPlane{store: st, arts: arts, signer: signer, controlToken: randomHex(tb, 16), logs: &syncBuffer{}}
 	cp.model = scriptedmodel.New(script, opts...)
 	modelSrv := httptest.NewServer(cp.model)
 	tb.Cleanup(func() {
@@ -113,7 +123,7 @@ func newControlPlane(tb testing.TB, dir string, script scriptedmodel.Script, opt
 
 	lim := belay.DefaultLimits(testModel)
 	lim.AllowedChecks = append(lim.AllowedChecks, []string{"python3", "-c", "import calc; assert calc.add(2, 3) == 5"})
-	cp.api, err = httpapi.New(httpapi.Config{
+	cfg := httpapi.Config{
 		Store: st, Artifacts: arts, Orchestrator: noopOrchestrator{}, Signer: signer, Limits: lim,
 		ControlTokens: []string{cp.controlToken},
 		Logger:        slog.New(slog.NewJSONHandler(cp.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -121,7 +131,11 @@ func newControlPlane(tb testing.TB, dir string, script scriptedmodel.Script, opt
 			URL: modelSrv.URL + "/v1/chat/completions", AllowLoopbackHTTP: true,
 			Key: func(context.Context) (string, error) { return providerKeyCanary, nil },
 		},
-	})
+	}
+	if configure != nil {
+		configure(&cfg)
+	}
+	cp.api, err = httpapi.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -149,6 +163,39 @@ func newControlPlane(tb testing.TB, dir string, script scriptedmodel.Script, opt
 	return cp
 }
 
+// apiClient is the entry's client for the control plane's socket, checking
+// that its listener is this test process.
+func (cp *controlPlane) apiClient(tb testing.TB) *http.Client {
+	tb.Helper()
+	c, err := sandbox.NewAPIClient(cp.socket, &sandbox.APIPeer{UID: os.Geteuid(), SharesUID: true})
+	if err != nil {
+		tb.Fatalf("NewAPIClient: %v", err)
+	}
+	return c
+}
+
+// staged returns the outputs the entry uploaded for the run's attempt, as
+// the orchestrator reads them from the artifact store.
+func (cp *controlPlane) staged(tb testing.TB, runID string) map[string][]byte {
+	tb.Helper()
+	run, err := cp.store.GetRun(context.Background(), runID)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	files := map[string][]byte{}
+	for _, name := range belay.ArtifactNames {
+		b, err := cp.arts.GetArtifact(context.Background(), runID, belay.StagedOutputName(run.Attempt, name))
+		if belay.IsCode(err, belay.CodeNotFound) {
+			continue
+		}
+		if err != nil {
+			tb.Fatalf("staged %s: %v", name, err)
+		}
+		files[name] = b
+	}
+	return files
+}
+
 func (cp *controlPlane) setFront(f func(w http.ResponseWriter, r *http.Request, next http.Handler)) {
 	cp.frontMu.Lock()
 	defer cp.frontMu.Unlock()
@@ -168,7 +215,7 @@ func (cp *controlPlane) startRun(tb testing.TB, req map[string]any) (string, tok
 		tb.Fatal(err)
 	}
 	now := time.Now()
-	if _, err := cp.store.Transition(ctx, run.ID, belay.Transition{To: belay.StatusRunning, At: now,
+	if _, err := cp.store.Transition(ctx, run.ID, belay.Transition{To: belay.StatusRunning, At: now, Attempt: 1,
 		Events: []belay.EventInput{{Time: now, Type: belay.EventRunStarted}}}); err != nil {
 		tb.Fatal(err)
 	}

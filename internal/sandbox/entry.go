@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 	"github.com/belay-dev/belay/internal/agent"
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/sandbox/workspace"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // Reasons a bundle gives for a failed run, besides the agent's own
@@ -46,6 +48,8 @@ const (
 	straysTimeout = 5 * time.Second
 	// eventsCloseTimeout bounds delivering the last events.
 	eventsCloseTimeout = 5 * time.Second
+	// uploadTimeout bounds uploading the three outputs, retries included.
+	uploadTimeout = 60 * time.Second
 	// flushBeforeModelCall bounds how long a model call waits for the
 	// events before it to be sent; past it the call goes ahead.
 	flushBeforeModelCall = 5 * time.Second
@@ -54,32 +58,63 @@ const (
 	maxCheckReserve = 60 * time.Second
 )
 
-// Main is the sandbox entry, run by belay-sandbox for the workspace folder
-// dir (laid out as package workspace says). It hardens the process,
-// takes the tokens, builds the repository, runs the agent loop and the
-// checks, and writes out/result.json, out/patch.diff and
-// out/transcript.jsonl. It returns the process's exit code: 0 when the
-// bundle was written (whatever the run's outcome, which the bundle
+// Main is the sandbox entry in file mode, run by `belay-sandbox
+// --workspace DIR` for the workspace folder dir (laid out as package
+// workspace says, with spec.json and the token files). It hardens the
+// process, takes the tokens, builds the repository, runs the agent loop and
+// the checks, and uploads result.json, patch.diff and transcript.jsonl
+// through the internal API. It returns the process's exit code: 0 when the
+// bundle was uploaded (whatever the run's outcome, which the bundle
 // reports), 1 with a line on stderr when it could not be. When ctx ends
-// (SIGTERM) the agent loop stops and the bundle is still written.
+// (SIGTERM) the agent loop stops and the bundle is still uploaded.
 func Main(ctx context.Context, dir string) int {
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	e := &entry{ws: Workspace(dir), now: time.Now, rand: rand.Reader, log: logger}
-	if err := e.run(ctx); err != nil {
+	e := &entry{now: time.Now, rand: rand.Reader, log: logger}
+	return e.exit(e.fileMode(ctx, Workspace(dir)))
+}
+
+// MainClaim is the sandbox entry in claim mode, run by `belay-sandbox`
+// with no arguments, as the Fargate task definition and the OCI launcher
+// start it: its only per-run input is the claim code in BELAY_CLAIM, read
+// through getenv with the other workspace.Env* variables. It hardens the
+// process, exchanges the code once (POST /internal/v1/claim) for the run's
+// spec, tokens and upload targets, and then runs exactly as Main does.
+// TaskARN, when set, names the ECS task the entry runs as, for the claim
+// to record.
+func MainClaim(ctx context.Context, getenv func(string) string, taskARN func(context.Context) string) int {
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	e := &entry{now: time.Now, rand: rand.Reader, log: logger, taskARN: taskARN}
+	return e.exit(e.claimMode(ctx, getenv))
+}
+
+type entry struct {
+	now     func() time.Time
+	rand    io.Reader
+	log     *slog.Logger
+	taskARN func(context.Context) string
+}
+
+func (e *entry) exit(err error) int {
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "belay-sandbox: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-type entry struct {
-	ws   Workspace
-	now  func() time.Time
-	rand io.Reader
-	log  *slog.Logger
+// session is what a mode hands the common part of the entry: the run's
+// spec and tokens, the client that reaches the internal routes, and where
+// each output goes.
+type session struct {
+	ws      Workspace
+	spec    belay.SandboxSpec
+	tokens  belay.SandboxTokens
+	api     *http.Client
+	uploads map[string]wire.Upload
 }
 
-func (e *entry) run(ctx context.Context) error {
+// fileMode reads the spec and the token files the launcher left in ws.
+func (e *entry) fileMode(ctx context.Context, ws Workspace) error {
 	start := e.now()
 	if err := Harden(); err != nil {
 		return err
@@ -89,34 +124,54 @@ func (e *entry) run(ctx context.Context) error {
 		name string
 		dst  *string
 	}{{workspace.ModelTokenFile, &tokens.Model}, {workspace.EventsTokenFile, &tokens.Events}, {workspace.ApprovalsTokenFile, &tokens.Approvals}} {
-		tok, err := ReadTokenFile(e.ws.TokensDir(), t.name)
+		tok, err := ReadTokenFile(ws.TokensDir(), t.name)
 		if err != nil {
 			return err
 		}
 		*t.dst = tok
 	}
-	spec, err := ReadSpec(e.ws.SpecPath())
+	spec, err := ReadSpec(ws.SpecPath())
 	if err != nil {
 		return err
 	}
+	api, err := NewAPIClient(spec.APISocket, specPeer(spec))
+	if err != nil {
+		return err
+	}
+	uploads := make(map[string]wire.Upload, len(belay.ArtifactNames))
+	for _, name := range belay.ArtifactNames {
+		uploads[name] = wire.Upload{URL: wire.OutputPath(spec.RunID, name), Method: http.MethodPut,
+			Header: map[string]string{"Authorization": "Bearer " + tokens.Events}}
+	}
+	return e.run(ctx, start, session{ws: ws, spec: spec, tokens: tokens, api: api, uploads: uploads})
+}
+
+// specPeer is the peer check a spec asks for, nil when it names none.
+func specPeer(spec belay.SandboxSpec) *APIPeer {
+	if spec.APIPeerUID == nil {
+		return nil
+	}
+	return &APIPeer{UID: *spec.APIPeerUID, SharesUID: spec.APIPeerSharesUID}
+}
+
+func (e *entry) run(ctx context.Context, start time.Time, se session) error {
+	spec, tokens := se.spec, se.tokens
 	log := e.log.With("run_id", spec.RunID)
 	deadline := start.Add(time.Duration(spec.WallTimeSeconds) * time.Second)
+	ws := se.ws
 
-	// Owner-only, as the local launcher lays them out: home holds git's and
+	// Owner-only, as the local launcher lays it out: home holds git's and
 	// Python's configuration, which no other user should read or plant.
-	for _, d := range []string{e.ws.OutDir(), e.ws.HomeDir()} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return fmt.Errorf("workspace: %w", err)
-		}
+	if err := os.MkdirAll(ws.HomeDir(), 0o700); err != nil {
+		return fmt.Errorf("workspace: %w", err)
 	}
-	transcriptFile, err := createOutFile(filepath.Join(e.ws.OutDir(), "transcript.jsonl"))
-	if err != nil {
-		return err
-	}
-	defer transcriptFile.Close()
-	transcript := newTranscriptWriter(transcriptFile, belay.MaxArtifactBytes, e.now)
+	// The transcript lives in this process's memory until it is uploaded:
+	// no file a command could swap, and nothing the control plane reads by
+	// path.
+	var transcriptBuf bytes.Buffer
+	transcript := newTranscriptWriter(&transcriptBuf, belay.MaxArtifactBytes, e.now)
 
-	git := Git{Dir: e.ws.RepoDir(), Home: e.ws.HomeDir()}
+	git := Git{Dir: ws.RepoDir(), Home: ws.HomeDir()}
 	base, err := BuildRepo(ctx, git, spec.Files)
 	if err != nil {
 		return err
@@ -124,16 +179,16 @@ func (e *entry) run(ctx context.Context) error {
 	log.Info("repository built", "base_commit", base.Commit, "files", len(spec.Files))
 	// What the workspace holds before the agent runs: whatever else is
 	// there afterwards is removed before the final checks.
-	layout, err := workspaceNames(string(e.ws))
+	layout, err := workspaceNames(string(ws))
 	if err != nil {
 		return err
 	}
-	if dirs := writableAncestors(string(e.ws)); len(dirs) > 0 {
+	if dirs := writableAncestors(string(ws)); len(dirs) > 0 {
 		log.Warn("folders above the workspace are writable by the sandbox user; a check that looks for its configuration upwards (pytest) may read what a shell command planted there",
 			"folders", dirs)
 	}
 
-	client := NewAPIClient(spec.APISocket)
+	client := se.api
 	events, err := NewEventClient(EventsConfig{
 		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Token: tokens.Events,
 		Now: e.now, Rand: e.rand, Logger: log,
@@ -219,7 +274,7 @@ func (e *entry) run(ctx context.Context) error {
 			writeTranscriptLine(transcript, e.now, map[string]any{"type": "changes.discarded", "paths": fin.Discarded,
 				"note": "changed paths outside allowedPaths, or not regular files, are not part of the patch; the final checks ran without them"})
 		}
-		if err := resetWorkspace(string(e.ws), layout, git.Home); err != nil {
+		if err := resetWorkspace(string(ws), layout, git.Home); err != nil {
 			return err
 		}
 	}
@@ -232,7 +287,7 @@ func (e *entry) run(ctx context.Context) error {
 	checks := make([]belay.CheckResult, len(spec.Checks))
 	for i, argv := range spec.Checks {
 		if i > 0 && tamperedErr == nil && !stopping && ctx.Err() == nil {
-			tamperedErr = e.resetForCheck(ctx, base, fin.Head, layout, git.Home)
+			tamperedErr = e.resetForCheck(ctx, ws, base, fin.Head, layout, git.Home)
 			if tamperedErr != nil && !errors.Is(tamperedErr, ErrRepositoryTampered) {
 				return tamperedErr
 			}
@@ -254,14 +309,18 @@ func (e *entry) run(ctx context.Context) error {
 	if dropped, err := transcript.loss(); dropped > 0 || err != nil {
 		log.Warn("the transcript is incomplete", "dropped_bytes", dropped, "err", err)
 	}
-	return e.writeBundle(log, spec, base.Commit, fin, outcome, reason, checks, transcriptFile)
+	// Nothing the agent started is left to touch the outputs (killStrays
+	// ran after the last check).
+	return e.uploadBundle(ctx, log, se, base.Commit, fin, outcome, reason, checks, transcript, &transcriptBuf)
 }
 
-// writeBundle writes out/patch.diff and then out/result.json for the head
-// commit Finalize made. The run completed only if the agent finished and
-// every check exited 0.
-func (e *entry) writeBundle(log *slog.Logger, spec belay.SandboxSpec, base string, fin Final,
-	outcome agent.Outcome, reason string, checks []belay.CheckResult, transcriptFile *os.File) error {
+// uploadBundle builds result.json for the head commit Finalize made and
+// uploads patch.diff, transcript.jsonl and then result.json (last: its
+// presence means the bundle is whole). The run completed only if the agent
+// finished and every check exited 0.
+func (e *entry) uploadBundle(ctx context.Context, log *slog.Logger, se session, base string, fin Final,
+	outcome agent.Outcome, reason string, checks []belay.CheckResult, transcript *transcriptWriter, transcriptBuf *bytes.Buffer) error {
+	spec := se.spec
 	patch, changed := fin.Patch, fin.Changed
 	allPassed := true
 	for _, c := range checks {
@@ -289,21 +348,32 @@ func (e *entry) writeBundle(log *slog.Logger, spec belay.SandboxSpec, base strin
 	} else {
 		bundle.Status, bundle.ExitCode = belay.StatusFailed, 1
 	}
-	if err := writeOutFile(filepath.Join(e.ws.OutDir(), "patch.diff"), patch); err != nil {
-		return err
-	}
-	if err := transcriptFile.Sync(); err != nil {
-		return fmt.Errorf("write transcript: %w", err)
-	}
 	result, err := json.MarshalIndent(bundle, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}
-	// result.json is written last: its presence means the bundle is whole.
-	if err := writeOutFile(filepath.Join(e.ws.OutDir(), "result.json"), append(result, '\n')); err != nil {
-		return err
+	if patch == nil {
+		patch = []byte{}
 	}
-	log.Info("result written", "status", bundle.Status, "reason", bundle.Reason, "changed_files", len(changed))
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uploadTimeout)
+	defer cancel()
+	u := uploader{api: se.api, base: spec.APIBaseURL, targets: se.uploads, log: log}
+	for _, out := range []struct {
+		name    string
+		content []byte
+	}{{"patch.diff", patch}, {"transcript.jsonl", transcript.snapshot(transcriptBuf)}, {"result.json", append(result, '\n')}} {
+		err := u.put(uctx, out.name, out.content)
+		if errors.Is(err, errRunOver) {
+			// Cancelled, or ended by the control plane: it decided the
+			// outcome without this bundle, and there is nothing to fix.
+			log.Info("the control plane takes no outputs: the run is over", "status", bundle.Status, "reason", bundle.Reason)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	log.Info("result uploaded", "status", bundle.Status, "reason", bundle.Reason, "changed_files", len(changed))
 	return nil
 }
 
@@ -374,13 +444,13 @@ func (f flushEventsFirst) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // resetForCheck puts the repository and the workspace back as they were
 // before the first final check (see Base.Reset).
-func (e *entry) resetForCheck(ctx context.Context, base *Base, head string, layout map[string]bool, home string) error {
+func (e *entry) resetForCheck(ctx context.Context, ws Workspace, base *Base, head string, layout map[string]bool, home string) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalizeTimeout)
 	defer cancel()
 	if err := base.Reset(rctx, head); err != nil {
 		return err
 	}
-	return resetWorkspace(string(e.ws), layout, home)
+	return resetWorkspace(string(ws), layout, home)
 }
 
 // killStrays kills whatever the agent's commands left running outside

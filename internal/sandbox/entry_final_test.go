@@ -152,10 +152,7 @@ func TestEntryFinalChecksSeeOnlyTheHeadTree(t *testing.T) {
 // transcript says the command exited 0.
 func toolResultSaysExit0(t *testing.T, sr *sandboxRun) bool {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(sr.ws, "out", "transcript.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := sr.outputs(t)["transcript.jsonl"]
 	return regexp.MustCompile(`"tool":"shell"[^\n]*"exitCode":0`).Match(b)
 }
 

@@ -72,7 +72,7 @@ func recordBatches(cp *controlPlane, fail int) *batchLog {
 func newEventClient(tb testing.TB, cp *controlPlane, runID, tok string, logs io.Writer) *sandbox.EventClient {
 	tb.Helper()
 	c, err := sandbox.NewEventClient(sandbox.EventsConfig{
-		BaseURL: "http://belay", HTTPClient: sandbox.NewAPIClient(cp.socket), RunID: runID, Token: tok,
+		BaseURL: "http://belay", HTTPClient: cp.apiClient(tb), RunID: runID, Token: tok,
 		FlushInterval: 20 * time.Millisecond, Backoff: 10 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	})
@@ -148,7 +148,7 @@ func TestEventClientFlushSendsWhatIsQueued(t *testing.T) {
 	runID, set := cp.startRun(t, runRequest(belay.PolicyDenyAll, 0))
 	// No timer flush within the test: only Flush sends these small events.
 	c, err := sandbox.NewEventClient(sandbox.EventsConfig{
-		BaseURL: "http://belay", HTTPClient: sandbox.NewAPIClient(cp.socket), RunID: runID, Token: set.Events,
+		BaseURL: "http://belay", HTTPClient: cp.apiClient(t), RunID: runID, Token: set.Events,
 		FlushInterval: time.Hour,
 	})
 	if err != nil {

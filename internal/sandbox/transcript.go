@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"sync"
@@ -65,4 +66,12 @@ func (t *transcriptWriter) loss() (dropped int64, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.dropped, t.err
+}
+
+// snapshot returns a copy of what has been written to buf, the writer t
+// writes to, taken under t's lock so no line is cut.
+func (t *transcriptWriter) snapshot(buf *bytes.Buffer) []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return bytes.Clone(buf.Bytes())
 }

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -400,4 +401,28 @@ func isBase64URL(v string) bool {
 		}
 	}
 	return true
+}
+
+// tokenShape matches anything shaped like a run token: the prefix and two
+// base64url parts. It is broader than what Verify accepts, on purpose.
+var tokenShape = regexp.MustCompile(`bt1\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+`)
+
+// RedactAll replaces everything in s shaped like a run token with
+// "[redacted]", whichever run or attempt it belongs to. It is for text a
+// sandbox produced and the control plane stores or logs, where the tokens
+// the sandbox held are not all known to the caller (the claim exchange
+// issues them), so a run token quoted verbatim is never kept.
+func RedactAll(s string) string {
+	if !strings.Contains(s, prefix) {
+		return s
+	}
+	return tokenShape.ReplaceAllString(s, "[redacted]")
+}
+
+// RedactAllBytes is RedactAll for a file's content.
+func RedactAllBytes(b []byte) []byte {
+	if !bytes.Contains(b, []byte(prefix)) {
+		return b
+	}
+	return tokenShape.ReplaceAll(b, []byte("[redacted]"))
 }

@@ -576,3 +576,22 @@ func TestSetPrintsRedacted(t *testing.T) {
 		}
 	}
 }
+
+func TestRedactAllRemovesEveryToken(t *testing.T) {
+	a := issue(t, token.AudienceEvents, "run_a", testModel)
+	b := issue(t, token.AudienceModel, "run_b", testModel)
+	text := "first " + a + "\nsecond: \"" + b + "\" and a word bt1. and bt1.x end"
+	got := token.RedactAll(text)
+	if strings.Contains(got, a) || strings.Contains(got, b) || strings.Count(got, "[redacted]") != 2 {
+		t.Fatalf("RedactAll = %q", got)
+	}
+	if !strings.Contains(got, "bt1. and bt1.x end") {
+		t.Fatalf("RedactAll changed text that is no token: %q", got)
+	}
+	if got := string(token.RedactAllBytes([]byte(text))); strings.Contains(got, a) || strings.Contains(got, b) {
+		t.Fatalf("RedactAllBytes = %q", got)
+	}
+	if plain := "no token here"; token.RedactAll(plain) != plain {
+		t.Fatal("RedactAll changed text without a token")
+	}
+}

@@ -7,6 +7,11 @@ package wire
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
@@ -224,4 +229,75 @@ type EventBatchResponse struct {
 type ApprovalRequest struct {
 	Tool      string          `json:"tool"`
 	Arguments json.RawMessage `json:"arguments,omitempty"`
+}
+
+// ClaimRequest is the body of POST /internal/v1/claim, the claim exchange:
+// the single-use code the sandbox was started with, the ECS task ARN it
+// runs as (recorded on the run, so cancel and cleanup can stop it), and,
+// optionally, the run it expects the code to be for.
+type ClaimRequest struct {
+	Claim   string `json:"claim"`
+	TaskArn string `json:"taskArn,omitempty"`
+	RunID   string `json:"runId,omitempty"`
+}
+
+// MaxClaimBody bounds the body of a claim request, in bytes.
+const MaxClaimBody = 4 << 10
+
+// ClaimResponse answers a successful claim: the run's spec (without
+// tokens and without APIBaseURL, which the sandbox already has), the three
+// audience tokens, issued for this attempt, and where to upload each
+// output (belay.ArtifactNames).
+type ClaimResponse struct {
+	Spec    belay.SandboxSpec `json:"spec"`
+	Tokens  ClaimTokens       `json:"tokens"`
+	Outputs map[string]Upload `json:"outputs"`
+}
+
+// ClaimTokens are the tokens of a claim answer. Its String, Format and
+// LogValue methods redact them, so an answer printed or logged by mistake
+// leaks no token.
+type ClaimTokens struct {
+	Model     string `json:"model"`
+	Events    string `json:"events"`
+	Approvals string `json:"approvals"`
+}
+
+const redactedClaimTokens = "wire.ClaimTokens{Model:[redacted] Events:[redacted] Approvals:[redacted]}"
+
+// String redacts the tokens.
+func (ClaimTokens) String() string { return redactedClaimTokens }
+
+// Format redacts the tokens under every fmt verb.
+func (ClaimTokens) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, redactedClaimTokens) }
+
+// LogValue redacts the tokens in slog output.
+func (ClaimTokens) LogValue() slog.Value { return slog.StringValue(redactedClaimTokens) }
+
+// Upload is where and how a sandbox uploads one output: an HTTP request of
+// Method to URL with Header, the file as its body. URL is absolute (a
+// presigned S3 URL, which needs no other credential) or relative to the
+// API's base URL, without a leading slash (the outputs route, with the
+// events token in Header). Its Format and LogValue methods redact the URL's
+// query and the header values, which are credentials.
+type Upload struct {
+	URL    string            `json:"url"`
+	Method string            `json:"method"`
+	Header map[string]string `json:"header,omitempty"`
+}
+
+// Format prints the method and the URL without its query; never a header
+// value.
+func (u Upload) Format(f fmt.State, _ rune) {
+	path, _, _ := strings.Cut(u.URL, "?")
+	_, _ = fmt.Fprintf(f, "wire.Upload{Method:%s URL:%s Header:[redacted]}", u.Method, path)
+}
+
+// LogValue is Format's text in slog output.
+func (u Upload) LogValue() slog.Value { return slog.StringValue(fmt.Sprint(u)) }
+
+// OutputPath is the outputs route of one output of a run, relative to the
+// API's base URL: PUT it with the run's events token.
+func OutputPath(runID, name string) string {
+	return "internal/v1/runs/" + url.PathEscape(runID) + "/outputs/" + url.PathEscape(name)
 }

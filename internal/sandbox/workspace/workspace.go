@@ -7,12 +7,16 @@
 //
 // A workspace folder holds:
 //
-//	spec.json     the run's belay.SandboxSpec, never a token
-//	tokens/       one owner-only file per audience token, unlinked once read
+//	spec.json     the run's belay.SandboxSpec, never a token (file mode)
+//	tokens/       one owner-only file per audience token, unlinked once read (file mode)
 //	repo/         the repository the entry builds from the spec's files
-//	out/          result.json, patch.diff and transcript.jsonl, for the control plane
 //	home/         HOME of the entry and of every command it runs
 //	api.sock      the control plane's internal routes, when served on a Unix socket
+//
+// The entry leaves no result files for anyone to read: it uploads
+// result.json, patch.diff and transcript.jsonl through the internal API.
+// In claim mode only repo/ and home/ are there; the rest comes from the
+// claim exchange (see EnvClaim).
 package workspace
 
 // The names in a workspace folder.
@@ -20,9 +24,11 @@ const (
 	SpecFile  = "spec.json"
 	TokensDir = "tokens"
 	RepoDir   = "repo"
-	OutDir    = "out"
-	HomeDir   = "home"
-	Socket    = "api.sock"
+	// OutDir is no longer read or written by the entry; launchers may
+	// stop creating it.
+	OutDir  = "out"
+	HomeDir = "home"
+	Socket  = "api.sock"
 )
 
 // The token files in TokensDir, one per audience, so that one leaked token
@@ -37,3 +43,29 @@ const (
 // fixed, not inherited: a PATH from the launcher could point at a pyenv shim
 // or a folder the agent can write.
 const CleanPath = "/usr/local/bin:/usr/bin:/bin"
+
+// The environment of the entry in claim mode (`belay-sandbox` with no
+// arguments), as the Fargate task definition and the OCI launcher start
+// it. The claim code is the only per-run input; everything else about the
+// run comes from the claim exchange.
+const (
+	// EnvClaim is the single-use claim code.
+	EnvClaim = "BELAY_CLAIM"
+	// EnvAPIURL is the base URL of the internal routes:
+	// https://<private api>/<stage> on AWS, http://belay over a socket.
+	EnvAPIURL = "BELAY_API_URL"
+	// EnvAPISocket, when set, is the Unix socket the internal routes are
+	// served on (the OCI launcher bind-mounts it).
+	EnvAPISocket = "BELAY_API_SOCKET"
+	// EnvAPIPeerUID is the uid the listener of EnvAPISocket must run as;
+	// required with it.
+	EnvAPIPeerUID = "BELAY_API_PEER_UID"
+	// EnvWorkspace is where the entry builds repo/ and home/; default
+	// DefaultClaimWorkspace.
+	EnvWorkspace = "BELAY_WORKSPACE"
+)
+
+// DefaultClaimWorkspace is the workspace in claim mode when EnvWorkspace
+// is unset: the image's writable workspace volume
+// (hardening.Sandbox.WorkspaceDir).
+const DefaultClaimWorkspace = "/workspace"

@@ -192,7 +192,15 @@ func postEvent(spec belay.SandboxSpec, tok string) (int, string) {
 	}
 	req.Header.Set("Authorization", "Bearer "+tok)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := sandbox.NewAPIClient(spec.APISocket).Do(req)
+	var peer *sandbox.APIPeer
+	if spec.APIPeerUID != nil {
+		peer = &sandbox.APIPeer{UID: *spec.APIPeerUID, SharesUID: spec.APIPeerSharesUID}
+	}
+	client, err := sandbox.NewAPIClient(spec.APISocket, peer)
+	if err != nil {
+		return 0, err.Error()
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return 0, err.Error()
 	}
