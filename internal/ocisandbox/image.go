@@ -153,6 +153,16 @@ func OpenImage(archive string) (*Image, error) {
 	return img, nil
 }
 
+// CompressedBytes is what pulling the image moves: its layers as stored
+// (gzip-compressed) and its config.
+func (img *Image) CompressedBytes() int64 {
+	var n int64
+	for _, l := range img.layers {
+		n += l.Size
+	}
+	return n
+}
+
 // walkArchive calls fn for every entry of the tar file at path until fn
 // says it is done.
 func walkArchive(archive string, fn func(h *tar.Header, r io.Reader) (done bool, err error)) error {

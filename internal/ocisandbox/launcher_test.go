@@ -2,10 +2,8 @@ package ocisandbox_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -70,233 +68,30 @@ func runCommand(t *testing.T, l *ocisandbox.Launcher, args ...string) (exitCode 
 	return exit.ExitCode, exit.Signaled, exit.OOMKilled, s.OutputTail()
 }
 
-// probe is run by the image's python3 as the sandbox's only process; it
-// reports what the sandbox can see and do as one JSON line.
-const probe = `
-import ctypes, errno, json, os, socket, stat, subprocess, sys
-cfg = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-out = {}
-status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
-for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
-    out[k] = status[k].strip()
-out["uid"], out["gid"], out["groups"] = os.getuid(), os.getgid(), os.getgroups()
-def attempt(f):
-    try:
-        f()
-        return "ok"
-    except OSError as e:
-        return errno.errorcode.get(e.errno, str(e.errno))
-out["write_root"] = attempt(lambda: open("/probe-was-here", "w"))
-out["write_usr"] = attempt(lambda: open("/usr/bin/probe", "w"))
-out["write_tmp"] = attempt(lambda: open("/tmp/probe", "w").write("x"))
-out["write_workspace"] = attempt(lambda: open("/workspace/probe", "w").write("x"))
-out["tmp_before"] = sorted(set(os.listdir("/tmp")) - {"probe"})
-out["interfaces"] = sorted(os.listdir("/sys/class/net"))
-out["tcp"] = {}
-for hp in cfg["tcp"]:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM); s.settimeout(2)
-    out["tcp"][hp] = attempt(lambda: s.connect((hp.rsplit(":", 1)[0], int(hp.rsplit(":", 1)[1]))))
-def unix(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(2)
-    s.connect(path)
-out["unix_file"] = attempt(lambda: unix(cfg["unix"]))
-out["unix_abstract"] = attempt(lambda: unix("\0" + cfg["abstract"]))
-out["sockets_visible"] = []
-for d, _, files in os.walk("/"):
-    if d.startswith(("/proc", "/sys", "/dev")):
-        continue
-    for f in files:
-        p = os.path.join(d, f)
-        try:
-            if stat.S_ISSOCK(os.lstat(p).st_mode):
-                out["sockets_visible"].append(p)
-        except OSError:
-            pass
-out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-out["cmdlines"] = [open("/proc/%s/cmdline" % p, "rb").read().replace(b"\0", b" ").decode() for p in out["pids"] if os.path.exists("/proc/%s/cmdline" % p)]
-libc.unshare.argtypes = [ctypes.c_int]
-out["unshare_user"] = "ok" if libc.unshare(0x10000000) == 0 else errno.errorcode[ctypes.get_errno()]
-out["unshare_mount"] = "ok" if libc.unshare(0x00020000) == 0 else errno.errorcode[ctypes.get_errno()]
-out["mount"] = "ok" if libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) == 0 else errno.errorcode[ctypes.get_errno()]
-r = subprocess.run(["unshare", "-Ur", "id", "-u"], capture_output=True, text=True)
-out["unshare_cmd"] = [r.returncode, r.stdout.strip()]
-setid = []
-for d, _, files in os.walk("/", onerror=None):
-    if d.startswith(("/proc", "/sys", "/dev")):
-        continue
-    for f in files:
-        try:
-            m = os.lstat(os.path.join(d, f)).st_mode
-        except OSError:
-            continue
-        if stat.S_ISREG(m) and m & (stat.S_ISUID | stat.S_ISGID):
-            setid.append(os.path.join(d, f))
-out["setid"] = setid
-for d in ["/tmp", "/var/tmp", "/dev/shm"]:
-    v = os.statvfs(d)
-    out["size " + d] = v.f_blocks * v.f_frsize
-out["hostname"] = socket.gethostname()
-out["api_socket"] = [oct(os.lstat(cfg["socket"]).st_mode), attempt(lambda: os.rename(cfg["socket"], cfg["socket"] + ".x")),
-                     attempt(lambda: os.unlink(cfg["socket"])), attempt(lambda: unix(cfg["socket"]))]
-print("PROBE " + json.dumps(out), flush=True)
-`
-
-type probeResult struct {
-	CapInh, CapPrm, CapEff, CapBnd, CapAmb string
-	NoNewPrivs, Seccomp                    string
-	UID                                    int               `json:"uid"`
-	GID                                    int               `json:"gid"`
-	Groups                                 []int             `json:"groups"`
-	WriteRoot                              string            `json:"write_root"`
-	WriteUsr                               string            `json:"write_usr"`
-	WriteTmp                               string            `json:"write_tmp"`
-	WriteWorkspace                         string            `json:"write_workspace"`
-	TmpBefore                              []string          `json:"tmp_before"`
-	Interfaces                             []string          `json:"interfaces"`
-	TCP                                    map[string]string `json:"tcp"`
-	UnixFile                               string            `json:"unix_file"`
-	UnixAbstract                           string            `json:"unix_abstract"`
-	SocketsVisible                         []string          `json:"sockets_visible"`
-	PIDs                                   []int             `json:"pids"`
-	Cmdlines                               []string          `json:"cmdlines"`
-	UnshareUser                            string            `json:"unshare_user"`
-	UnshareMount                           string            `json:"unshare_mount"`
-	Mount                                  string            `json:"mount"`
-	UnshareCmd                             []any             `json:"unshare_cmd"`
-	SetID                                  []string          `json:"setid"`
-	TmpSize                                int64             `json:"size /tmp"`
-	VarTmpSize                             int64             `json:"size /var/tmp"`
-	ShmSize                                int64             `json:"size /dev/shm"`
-	Hostname                               string            `json:"hostname"`
-	APISocket                              []string          `json:"api_socket"`
-}
-
-// TestProbe runs the probe as the sandbox's process and checks every
-// isolation measure from inside: the user, capabilities, no_new_privs,
-// seccomp, the read-only root, the network (loopback only: a listener on
-// the host is out of reach), the host's Unix sockets (a 0777 one in the
-// host's /tmp and an abstract one), its own /proc, unshare and mount,
-// setuid files, the private size-capped scratch folders, and api.sock,
-// which it can connect to but not rename or remove.
+// TestProbe runs the probe as the sandbox's only process and checks every
+// isolation measure from inside (ocisandboxtest.CheckProbe): the user,
+// capabilities, no_new_privs, seccomp, the read-only root, the network
+// (loopback only: the host's listeners are out of reach), the host's Unix
+// sockets (a 0777 one in the host's /tmp and an abstract one), its own
+// /proc, unshare and mount, setuid files, the private size-capped scratch
+// folders, and api.sock, which it can connect to but not rename or
+// remove.
 func TestProbe(t *testing.T) {
 	l := newLauncher(t, nil)
-
-	// A host listener on every address the host has: none may be reached.
-	var tcp []string
-	addrs, _ := net.InterfaceAddrs()
-	for _, a := range addrs {
-		ipn, ok := a.(*net.IPNet)
-		if !ok || ipn.IP.To4() == nil {
-			continue
-		}
-		ln, err := net.Listen("tcp4", net.JoinHostPort(ipn.IP.String(), "0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
-		go acceptAll(ln)
-		tcp = append(tcp, ln.Addr().String())
-	}
-	// A host Unix socket anyone may use, and an abstract one.
-	hostSock := filepath.Join(os.TempDir(), fmt.Sprintf("belay-probe-%d.sock", os.Getpid()))
-	_ = os.Remove(hostSock)
-	uln, err := net.Listen("unix", hostSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { uln.Close() })
-	if err := os.Chmod(hostSock, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	go acceptAll(uln)
-	abstract := fmt.Sprintf("belay-probe-%d", os.Getpid())
-	aln, err := net.Listen("unix", "@"+abstract)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { aln.Close() })
-	go acceptAll(aln)
-	// Check that the host itself can reach them, so refusals below mean
-	// something.
-	for _, a := range tcp {
-		c, err := net.DialTimeout("tcp", a, 2*time.Second)
-		if err != nil {
-			t.Fatalf("the host cannot reach its own listener %s: %v", a, err)
-		}
-		c.Close()
-	}
-
-	cfg, _ := json.Marshal(map[string]any{"tcp": tcp, "unix": hostSock, "abstract": abstract, "socket": ocisandbox.APISocketPath})
-	code, _, _, out := runCommand(t, l, "/usr/bin/python3", "-c", probe, string(cfg))
-	r := parseProbe(t, out)
+	targets := ocisandboxtest.ListenOnHost(t, ocisandbox.APISocketPath)
+	code, _, _, out := runCommand(t, l, "/usr/bin/python3", "-c", ocisandboxtest.ProbeScript, targets.JSON())
 	if code != 0 {
-		t.Errorf("probe exited %d", code)
+		t.Errorf("probe exited %d: %s", code, out)
 	}
-	p := hardening.Sandbox
-	if r.UID != p.UID || r.GID != p.GID || len(r.Groups) > 1 || (len(r.Groups) == 1 && r.Groups[0] != p.GID) {
-		t.Errorf("uid %d gid %d groups %v, want %d:%d and no other group", r.UID, r.GID, r.Groups, p.UID, p.GID)
-	}
-	for name, v := range map[string]string{"CapInh": r.CapInh, "CapPrm": r.CapPrm, "CapEff": r.CapEff, "CapBnd": r.CapBnd, "CapAmb": r.CapAmb} {
-		if v != "0000000000000000" {
-			t.Errorf("%s = %s, want 0", name, v)
-		}
-	}
-	if r.NoNewPrivs != "1" || r.Seccomp != "2" {
-		t.Errorf("NoNewPrivs %s, Seccomp %s; want 1 and 2 (filter)", r.NoNewPrivs, r.Seccomp)
-	}
-	if r.WriteRoot != "EROFS" || r.WriteUsr != "EROFS" {
-		t.Errorf("writing / gave %s, /usr/bin gave %s; want EROFS (read-only root)", r.WriteRoot, r.WriteUsr)
-	}
-	if r.WriteTmp != "ok" || r.WriteWorkspace != "ok" {
-		t.Errorf("writing /tmp gave %s, /workspace gave %s; want both writable", r.WriteTmp, r.WriteWorkspace)
-	}
-	if len(r.Interfaces) != 1 || r.Interfaces[0] != "lo" {
-		t.Errorf("interfaces %v, want only lo", r.Interfaces)
-	}
-	if len(tcp) == 0 {
-		t.Fatal("no host address to listen on")
-	}
-	for a, res := range r.TCP {
-		if res == "ok" {
-			t.Errorf("the sandbox connected to the host's listener %s", a)
-		}
-	}
-	if r.UnixFile != "ENOENT" {
-		t.Errorf("the host's 0777 socket %s: %s, want ENOENT (invisible)", hostSock, r.UnixFile)
-	}
-	if r.UnixAbstract == "ok" {
-		t.Errorf("the host's abstract socket @%s was reached", abstract)
-	}
-	if len(r.SocketsVisible) != 1 || r.SocketsVisible[0] != ocisandbox.APISocketPath {
-		t.Errorf("sockets visible in the file system: %v, want only %s", r.SocketsVisible, ocisandbox.APISocketPath)
-	}
+	r := ocisandboxtest.ParseProbe(t, out)
+	ocisandboxtest.CheckProbe(t, r, targets, hardening.Sandbox, "python3", "unshare")
 	// The probe is PID 1 and its unshare child is gone: /proc shows the
 	// probe alone.
-	if len(r.PIDs) != 1 || r.PIDs[0] != 1 {
-		t.Errorf("/proc shows pids %v (%q); want only the sandbox's own (1)", r.PIDs, r.Cmdlines)
+	if len(r.PIDs) != 1 {
+		t.Errorf("/proc shows pids %v (%q); want only the probe's", r.PIDs, r.Cmdlines)
 	}
-	if r.UnshareUser != "EPERM" || r.UnshareMount != "EPERM" || r.Mount != "EPERM" {
-		t.Errorf("unshare(user) %s, unshare(mount) %s, mount %s; want EPERM from seccomp", r.UnshareUser, r.UnshareMount, r.Mount)
-	}
-	if len(r.UnshareCmd) != 2 || r.UnshareCmd[0] == float64(0) {
-		t.Errorf("unshare -Ur id -u = %v, want a failure", r.UnshareCmd)
-	}
-	if len(r.SetID) != 0 {
-		t.Errorf("setuid or setgid files in the image: %v", r.SetID)
-	}
-	want := int64(p.TmpSizeMiB) << 20
-	if r.TmpSize != want || r.VarTmpSize != want || r.ShmSize != want {
-		t.Errorf("/tmp %d, /var/tmp %d, /dev/shm %d bytes; want %d each", r.TmpSize, r.VarTmpSize, r.ShmSize, want)
-	}
-	if len(r.TmpBefore) != 0 {
-		t.Errorf("/tmp was not empty: %v", r.TmpBefore)
-	}
-	if r.Hostname != p.Hostname {
-		t.Errorf("hostname %q, want %q", r.Hostname, p.Hostname)
-	}
-	if len(r.APISocket) != 4 || r.APISocket[1] != "EROFS" || r.APISocket[2] != "EROFS" || r.APISocket[3] != "ok" {
-		t.Errorf("api.sock: mode, rename, unlink, connect = %v; want EROFS, EROFS, ok", r.APISocket)
+	if len(r.ScratchBefore) != 0 {
+		t.Errorf("scratch folders not empty at the start: %v", r.ScratchBefore)
 	}
 }
 
@@ -382,35 +177,9 @@ except OSError as e:
 	}
 }
 
-func parseProbe(t *testing.T, out string) probeResult {
-	t.Helper()
-	for _, line := range strings.Split(out, "\n") {
-		if j, ok := strings.CutPrefix(line, "PROBE "); ok {
-			t.Logf("probe: %s", j)
-			var r probeResult
-			if err := json.Unmarshal([]byte(j), &r); err != nil {
-				t.Fatalf("probe output: %v\n%s", err, j)
-			}
-			return r
-		}
-	}
-	t.Fatalf("the probe printed no result:\n%s", out)
-	return probeResult{}
-}
-
 func lastOutputLine(out string) string {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	return lines[len(lines)-1]
-}
-
-func acceptAll(ln net.Listener) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		c.Close()
-	}
 }
 
 // TestStopAndCleanup stops a sandbox that would run for a minute: Stop

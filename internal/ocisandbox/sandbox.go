@@ -22,15 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/belay"
-)
-
-// The claim-mode environment of the entry (see CONTRACTS: "How the
-// sandbox entry is started").
-const (
-	envClaim      = "BELAY_CLAIM"
-	envAPIURL     = "BELAY_API_URL"
-	envAPISocket  = "BELAY_API_SOCKET"
-	envAPIPeerUID = "BELAY_API_PEER_UID"
+	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
 // APIBaseURL is the base URL the entry uses for the internal routes; over
@@ -110,10 +102,10 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 		return nil, fmt.Errorf("launch sandbox for run %s: no claim code", spec.RunID)
 	}
 	env := append(append([]string(nil), l.env...),
-		envClaim+"="+claim,
-		envAPIURL+"="+APIBaseURL,
-		envAPISocket+"="+APISocketPath,
-		envAPIPeerUID+"="+strconv.Itoa(os.Geteuid()),
+		workspace.EnvClaim+"="+claim,
+		workspace.EnvAPIURL+"="+APIBaseURL,
+		workspace.EnvAPISocket+"="+APISocketPath,
+		workspace.EnvAPIPeerUID+"="+strconv.Itoa(os.Geteuid()),
 	)
 	return l.start(ctx, spec.RunID, l.profile.Entrypoint, env, claim)
 }

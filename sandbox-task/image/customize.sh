@@ -33,6 +33,7 @@ chmod 1777 "$root$IMAGE_TMP" "$root/var/tmp"
 
 # No setuid or setgid file: nothing in the sandbox may gain privileges
 # (no_new_privs would refuse them anyway; this removes them at the source).
+# Directories lose the bits too (they only mean group inheritance here).
 find "$root" -xdev \( -perm -4000 -o -perm -2000 \) \( -type f -o -type d \) -exec chmod ug-s {} +
 
 # The same bytes on every machine: resolv.conf and hostname are copied
@@ -40,5 +41,9 @@ find "$root" -xdev \( -perm -4000 -o -perm -2000 \) \( -type f -o -type d \) -ex
 # runc supply their own).
 : >"$root/etc/resolv.conf"
 echo sandbox >"$root/etc/hostname"
+# What dpkg's path excludes do not reach: the info index install-info
+# writes, and documentation symbolic links whose targets were left out.
+rm -f "$root/usr/share/info/dir"
+find "$root/usr/share/doc" -xtype l -delete
 # Caches that only the build wrote, and dpkg's backup copies.
 rm -f "$root"/var/cache/debconf/*-old "$root"/var/lib/dpkg/*-old
