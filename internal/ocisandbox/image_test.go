@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/belay-dev/belay/internal/hardening"
@@ -168,8 +169,8 @@ func TestUnpack(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(rootfs, "dev/null")); !os.IsNotExist(err) {
 		t.Errorf("a device node was made: %v", err)
 	}
-	if fi, err := os.Stat(filepath.Join(rootfs, "home")); err != nil || fi.Mode().Perm() != 0o700 || fi.Sys().(interface{}) == nil {
-		t.Errorf("home: %v %v", fi, err)
+	if fi, err := os.Stat(filepath.Join(rootfs, "home")); err != nil || fi.Mode().Perm() != 0o700 || fi.Sys().(*syscall.Stat_t).Uid != 10001 {
+		t.Errorf("home: %v %v; want mode 0700, owned by 10001 as the layer says", fi, err)
 	}
 	// Unpacked once: a second call finds it.
 	again, err := img.Unpack(filepath.Dir(filepath.Dir(rootfs)))

@@ -207,7 +207,8 @@ func (s *Sandbox) serve(l *Launcher, api string) error {
 	// The folder is removed as a whole.
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	sock := filepath.Join(api, socketName)
-	if err := os.Lchown(sock, 0, l.profile.GID); err == nil {
+	err = os.Lchown(sock, 0, l.profile.GID)
+	if err == nil {
 		err = os.Chmod(sock, 0o660)
 	}
 	if err != nil {
