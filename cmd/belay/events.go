@@ -107,8 +107,14 @@ func printEvent(w io.Writer, runID string, ev belay.Event, asJSON bool) error {
 	if asJSON {
 		return writeJSONLine(w, ev)
 	}
-	_, err := fmt.Fprintf(w, "%5s %s  %-16s %s\n", "#"+strconv.FormatInt(ev.Seq, 10),
-		ev.Time.Local().Format("15:04:05"), printableLine(ev.Type), clip(printableLine(summary(ev)), maxDataShown))
+	// The sandbox's own account of its steps is marked: only the control
+	// plane's events (unmarked) record what belay decided and validated.
+	source := ""
+	if ev.Source == belay.SourceSandbox {
+		source = "sandbox"
+	}
+	_, err := fmt.Fprintf(w, "%5s %s  %-7s %-16s %s\n", "#"+strconv.FormatInt(ev.Seq, 10),
+		ev.Time.Local().Format("15:04:05"), source, printableLine(ev.Type), clip(printableLine(summary(ev)), maxDataShown))
 	if err != nil {
 		return err
 	}

@@ -74,6 +74,10 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		"`URL` of a local S3 peer (BELAY_S3_ENDPOINT; default --aws-endpoint)")
 	fs.StringVar(&cfg.Isolation, "isolation", "auto", "sandbox isolation: auto (all the machine allows) or none")
 	fs.IntVar(&cfg.EventBufferSize, "event-buffer", 0, "events kept per run (default 2000)")
+	fs.IntVar(&cfg.SandboxEventLimits.MaxEvents, "sandbox-events", cfg.SandboxEventLimits.MaxEvents,
+		"most events a run's sandbox may append (BELAY_SANDBOX_EVENTS; default 1000)")
+	fs.Int64Var(&cfg.SandboxEventLimits.MaxBytes, "sandbox-event-bytes", cfg.SandboxEventLimits.MaxBytes,
+		"most `bytes` of events a run's sandbox may append (BELAY_SANDBOX_EVENT_BYTES; default 4194304)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", embedded.DefaultShutdownTimeout,
 		"bound on each stage of a graceful shutdown")
 	if _, err := parseExact(fs, args); err != nil {

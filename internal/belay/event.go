@@ -51,12 +51,73 @@ func IsTerminalEvent(typ string) bool {
 }
 
 // Event is one entry of a run's log. Seq is gapless and starts at 1.
+// Source says who wrote it: the control plane (SourceControl) or the
+// run's sandbox through the internal events route (SourceSandbox), whose
+// word is only the sandbox's.
 type Event struct {
-	Seq  int64           `json:"seq"`
-	Time time.Time       `json:"time"`
-	Type string          `json:"type"`
-	Data json.RawMessage `json:"data,omitempty"`
+	Seq    int64           `json:"seq"`
+	Time   time.Time       `json:"time"`
+	Type   string          `json:"type"`
+	Source string          `json:"source"`
+	Data   json.RawMessage `json:"data,omitempty"`
 }
+
+// The sources of events.
+const (
+	// SourceControl marks what the control plane wrote itself: states,
+	// model calls it proxied, approvals, the final checks it validated.
+	SourceControl = "control"
+	// SourceSandbox marks what a sandbox appended: its own account of its
+	// steps, never trusted for the run's outcome.
+	SourceSandbox = "sandbox"
+)
+
+// SandboxEventLimits caps what one run's sandbox may append to its log,
+// over the whole run: MaxEvents events and MaxBytes bytes (EventBytes of
+// each). The caps keep a sandbox from flooding the log, and with
+// MaxEvents below the event buffer (DefaultEventBufferSize) from pushing
+// the control plane's own events out of it.
+type SandboxEventLimits struct {
+	MaxEvents int
+	MaxBytes  int64
+}
+
+// Defaults of SandboxEventLimits: far above what an honest run sends (a
+// 20-step run appends about a hundred events), and half the default event
+// buffer, so the control plane's events always stay in it.
+const (
+	DefaultMaxSandboxEvents     = 1000
+	DefaultMaxSandboxEventBytes = 4 << 20
+)
+
+// DefaultSandboxEventLimits returns the default caps.
+func DefaultSandboxEventLimits() SandboxEventLimits {
+	return SandboxEventLimits{MaxEvents: DefaultMaxSandboxEvents, MaxBytes: DefaultMaxSandboxEventBytes}
+}
+
+// EventBytes is what one event counts against SandboxEventLimits.MaxBytes:
+// its type and its data.
+func EventBytes(e EventInput) int64 { return int64(len(e.Type) + len(e.Data)) }
+
+// CheckSandboxEventLimits returns too_large, naming the cap, when a run
+// that has appended usedEvents sandbox events of usedBytes bytes may not
+// append events as well. Stores call it inside the write that appends.
+func CheckSandboxEventLimits(l SandboxEventLimits, usedEvents int, usedBytes int64, events []EventInput) error {
+	var size int64
+	for _, e := range events {
+		size += EventBytes(e)
+	}
+	switch {
+	case usedEvents+len(events) > l.MaxEvents:
+		return Errorf(CodeTooLarge, "the run's sandbox may append at most %d events (the sandbox-event cap); it has appended %d, and this batch holds %d", l.MaxEvents, usedEvents, len(events))
+	case usedBytes+size > l.MaxBytes:
+		return Errorf(CodeTooLarge, "the run's sandbox may append at most %d bytes of events (the sandbox-event byte cap); it has appended %d, and this batch holds %d", l.MaxBytes, usedBytes, size)
+	}
+	return nil
+}
+
+// Valid reports whether both caps are positive.
+func (l SandboxEventLimits) Valid() bool { return l.MaxEvents > 0 && l.MaxBytes > 0 }
 
 // EventInput is an event to append; the store assigns Seq.
 type EventInput struct {

@@ -52,6 +52,17 @@ type RunStore interface {
 	// if the run does not exist; conflict if it is terminal.
 	AppendEvents(ctx context.Context, runID, batchID string, events []EventInput) ([]Event, error)
 
+	// AppendSandboxEvents is AppendEvents for what the run's sandbox sent:
+	// the events are marked SourceSandbox (every other write marks its
+	// events SourceControl), and the same atomic write counts them against
+	// the run's sandbox-event caps (Run.SandboxEvents,
+	// Run.SandboxEventBytes). A batch that would take the run past
+	// limits.MaxEvents or limits.MaxBytes is refused whole with too_large,
+	// naming the cap, and appends nothing; a repeated batchID is answered
+	// as AppendEvents answers it, without counting again. Returns invalid
+	// for limits that are not Valid, besides AppendEvents' codes.
+	AppendSandboxEvents(ctx context.Context, runID, batchID string, events []EventInput, limits SandboxEventLimits) ([]Event, error)
+
 	// ListEvents returns up to limit events with Seq > after, oldest first,
 	// and always reports OldestSeq as the oldest event still kept. Returns
 	// not_found if the run does not exist.
@@ -62,9 +73,12 @@ type RunStore interface {
 // any number of concurrent calls against MaxRequests = n, exactly n succeed.
 type CapabilityStore interface {
 	// ActivateCapability stores c as the run's active capability (UsedRequests
-	// 0). Returns invalid for a capability CheckCapability refuses; conflict
-	// if the run already has a capability, active or revoked: a capability
-	// is never swapped mid-run or revived.
+	// 0). Returns invalid for a capability CheckCapability refuses;
+	// not_found, storing nothing, if the run does not exist (a capability
+	// never outlives or precedes its run, so nothing can spend one for a
+	// run id that names no run); conflict if the run already has a
+	// capability, active or revoked: a capability is never swapped mid-run
+	// or revived.
 	ActivateCapability(ctx context.Context, c Capability) error
 
 	// ConsumeModelRequest spends one request of the run's capability for the

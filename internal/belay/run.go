@@ -79,6 +79,10 @@ type Run struct {
 	// platform running it (an ECS task ARN), recorded when it claims, so
 	// cancel and cleanup can stop it. Empty when unknown.
 	SandboxRef string `json:"sandboxRef,omitempty"`
+	// SandboxEvents and SandboxEventBytes count what the run's sandbox has
+	// appended to its log (see SandboxEventLimits).
+	SandboxEvents     int   `json:"sandboxEvents,omitempty"`
+	SandboxEventBytes int64 `json:"sandboxEventBytes,omitempty"`
 }
 
 // Usage counts what a run spent.

@@ -68,6 +68,13 @@ func (w *WatchedStore) AppendEvents(ctx context.Context, runID, batchID string, 
 	return stored, err
 }
 
+// AppendSandboxEvents appends and signals.
+func (w *WatchedStore) AppendSandboxEvents(ctx context.Context, runID, batchID string, events []EventInput, limits SandboxEventLimits) ([]Event, error) {
+	stored, err := w.Store.AppendSandboxEvents(ctx, runID, batchID, events, limits)
+	w.signal(err)
+	return stored, err
+}
+
 // CreateApproval stores the approval and signals its events.
 func (w *WatchedStore) CreateApproval(ctx context.Context, a Approval) (Approval, error) {
 	stored, err := w.Store.CreateApproval(ctx, a)

@@ -13,29 +13,54 @@ import (
 	"github.com/belay-dev/belay/internal/belay"
 )
 
-// ActivateCapability puts the run's CAP item if there is none, so a
-// capability is never swapped mid-run or revived after revocation. Its TTL is
-// the retention after its expiry. Returns invalid for a capability
-// belay.CheckCapability refuses; conflict if the run already has a
-// capability.
+// ActivateCapability puts the run's CAP item if there is none, in one
+// transaction with a condition that the run's META exists, so a
+// capability is never swapped mid-run or revived after revocation, and
+// never made for a run that does not exist. Its TTL is the retention after
+// its expiry. Returns invalid for a capability belay.CheckCapability
+// refuses; not_found if the run does not exist; conflict if the run
+// already has a capability.
 func (s *Store) ActivateCapability(ctx context.Context, c belay.Capability) error {
 	if err := belay.CheckCapability(c); err != nil {
 		return err
 	}
-	_, err := s.client.PutItem(ctx, &dynamodb.PutItemInput{
-		TableName:                s.table,
-		Item:                     capabilityItem(c, c.ExpiresAt.Add(s.retention).Unix()),
-		ConditionExpression:      aws.String("attribute_not_exists(#PK)"),
-		ExpressionAttributeNames: exprNames("#PK"),
-	})
-	var failed *types.ConditionalCheckFailedException
-	if errors.As(err, &failed) {
-		return belay.Errorf(belay.CodeConflict, "run %s already has a capability", c.RunID)
+	in := &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+		{ConditionCheck: &types.ConditionCheck{
+			TableName:                s.table,
+			Key:                      keyOf(runPK(c.RunID), skMeta),
+			ConditionExpression:      aws.String("attribute_exists(#PK)"),
+			ExpressionAttributeNames: exprNames("#PK"),
+		}},
+		{Put: &types.Put{
+			TableName:                s.table,
+			Item:                     capabilityItem(c, c.ExpiresAt.Add(s.retention).Unix()),
+			ConditionExpression:      aws.String("attribute_not_exists(#PK)"),
+			ExpressionAttributeNames: exprNames("#PK"),
+		}},
+	}}
+	for attempt := range maxWriteAttempts {
+		_, err := s.client.TransactWriteItems(ctx, in)
+		if err == nil {
+			return nil
+		}
+		var canceled *types.TransactionCanceledException
+		if !errors.As(err, &canceled) || len(canceled.CancellationReasons) != 2 {
+			return fmt.Errorf("activate capability of run %s: %w", c.RunID, err)
+		}
+		reasons := canceled.CancellationReasons
+		switch {
+		case reasonCode(reasons[0]) == "ConditionalCheckFailed":
+			return belay.Errorf(belay.CodeNotFound, "run %s not found", c.RunID)
+		case reasonCode(reasons[1]) == "ConditionalCheckFailed":
+			return belay.Errorf(belay.CodeConflict, "run %s already has a capability", c.RunID)
+		case !hasReason(reasons, "TransactionConflict"):
+			return fmt.Errorf("activate capability of run %s: %w", c.RunID, err)
+		}
+		if err := sleep(ctx, backoff(attempt)); err != nil {
+			return fmt.Errorf("activate capability of run %s: %w", c.RunID, err)
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("activate capability of run %s: %w", c.RunID, err)
-	}
-	return nil
+	return belay.Errorf(belay.CodeUnavailable, "run %s is being changed by too many writers at once; try again", c.RunID)
 }
 
 // consumeCondition admits a consume only for the active capability of the

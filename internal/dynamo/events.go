@@ -35,10 +35,26 @@ type batchReplay struct{ first, count int64 }
 // (belay.MaxAppendEvents with a batch id); not_found if the run does not
 // exist; conflict if it is terminal.
 func (s *Store) AppendEvents(ctx context.Context, runID, batchID string, events []belay.EventInput) ([]belay.Event, error) {
+	return s.appendEvents(ctx, runID, batchID, events, belay.SourceControl, nil)
+}
+
+// AppendSandboxEvents is AppendEvents for the sandbox's events: the same
+// transaction sets the run's sandbox-event counters on META, planned
+// against the META it read and guarded by the lastSeq condition (every
+// writer of the counters also moves lastSeq), so a batch past the caps is
+// refused with too_large and concurrent batches never overshoot them.
+func (s *Store) AppendSandboxEvents(ctx context.Context, runID, batchID string, events []belay.EventInput, limits belay.SandboxEventLimits) ([]belay.Event, error) {
+	if !limits.Valid() {
+		return nil, belay.Errorf(belay.CodeInvalid, "sandbox event limits %+v must both be positive", limits)
+	}
+	return s.appendEvents(ctx, runID, batchID, events, belay.SourceSandbox, &limits)
+}
+
+func (s *Store) appendEvents(ctx context.Context, runID, batchID string, events []belay.EventInput, source string, limits *belay.SandboxEventLimits) ([]belay.Event, error) {
 	if err := belay.CheckEvents(events); err != nil {
 		return nil, err
 	}
-	digest := eventsDigest(events)
+	digest := eventsDigest(events) + source
 	for _, useToken := range []bool{true, false} {
 		var replay *batchReplay
 		appended, err := s.writeRun(ctx, runID, func(cur *runMeta) (*runChange, error) {
@@ -65,6 +81,31 @@ func (s *Store) AppendEvents(ctx context.Context, runID, batchID string, events 
 				cond:   "NOT #status IN (:completed, :failed, :cancelled)",
 				values: terminalValues(),
 				events: events,
+				source: source,
+			}
+			if limits != nil && len(events) > 0 {
+				if err := belay.CheckSandboxEventLimits(*limits, cur.run.SandboxEvents, cur.run.SandboxEventBytes, events); err != nil {
+					if batchID != "" {
+						// A repeated batch gets its first answer, even at
+						// the cap it helped reach.
+						r, rerr := s.readBatch(ctx, runID, batchID)
+						if rerr != nil {
+							return nil, rerr
+						}
+						if r != nil {
+							replay = r
+							return nil, errNoChange
+						}
+					}
+					return nil, err
+				}
+				size := cur.run.SandboxEventBytes
+				for _, e := range events {
+					size += belay.EventBytes(e)
+				}
+				ch.set = append(ch.set, "#sandboxEvents = :sandboxEvents", "#sandboxEventBytes = :sandboxEventBytes")
+				ch.values[":sandboxEvents"] = avN(int64(cur.run.SandboxEvents + len(events)))
+				ch.values[":sandboxEventBytes"] = avN(size)
 			}
 			if batchID != "" {
 				b := keyOf(runPK(runID), batchSK(batchID))

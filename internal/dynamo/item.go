@@ -291,9 +291,11 @@ func decodeMeta(it item) (*runMeta, error) {
 				PromptTokens:     d.num("promptTokens"),
 				CompletionTokens: d.num("completionTokens"),
 			},
-			LastSeq:    d.num("lastSeq"),
-			Attempt:    int(d.num("attempt")),
-			SandboxRef: d.str("sandboxRef"),
+			LastSeq:           d.num("lastSeq"),
+			Attempt:           int(d.num("attempt")),
+			SandboxRef:        d.str("sandboxRef"),
+			SandboxEvents:     int(d.num("sandboxEvents")),
+			SandboxEventBytes: d.num("sandboxEventBytes"),
 		},
 		reqChunks: int(d.num("reqChunks")),
 		ttl:       d.num(attrTTL),
@@ -357,6 +359,9 @@ func eventItem(runID string, e belay.Event, ttl int64) item {
 	it := keyOf(runPK(runID), eventSK(e.Seq))
 	it["seq"] = avN(e.Seq)
 	it["type"] = avS(e.Type)
+	if e.Source != belay.SourceControl {
+		it["source"] = avS(e.Source)
+	}
 	if !e.Time.IsZero() {
 		it["time"] = avTime(e.Time)
 	}
@@ -369,7 +374,12 @@ func eventItem(runID string, e belay.Event, ttl int64) item {
 
 func decodeEvent(it item) (belay.Event, error) {
 	d := decoder{it: it}
-	e := belay.Event{Seq: d.num("seq"), Type: d.str("type"), Time: d.time("time")}
+	e := belay.Event{Seq: d.num("seq"), Type: d.str("type"), Time: d.time("time"), Source: d.str("source")}
+	if e.Source == "" {
+		// Written before events had a source, or by the control plane,
+		// whose events leave it out.
+		e.Source = belay.SourceControl
+	}
 	if data := d.str("data"); data != "" {
 		e.Data = json.RawMessage(data)
 	}

@@ -41,7 +41,7 @@ func (s *Store) CreateRun(ctx context.Context, asked belay.Run, idempotencyKey s
 		return belay.Run{}, false, fmt.Errorf("create run %s: %w", run.ID, err)
 	}
 	in := belay.RunQueuedEvent(run)
-	queued := belay.Event{Seq: 1, Time: in.Time, Type: in.Type, Data: in.Data}
+	queued := belay.Event{Seq: 1, Time: in.Time, Type: in.Type, Source: belay.SourceControl, Data: in.Data}
 
 	items := []types.TransactWriteItem{{Put: &types.Put{
 		TableName:                           s.table,

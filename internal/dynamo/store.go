@@ -116,8 +116,10 @@ type runChange struct {
 	set    []string
 	cond   string
 	values map[string]types.AttributeValue
-	// events are appended after the run's current lastSeq.
+	// events are appended after the run's current lastSeq, marked with
+	// source (belay.SourceControl when empty).
 	events []belay.EventInput
+	source string
 	// extra items are written in the same transaction, after META.
 	extra []types.TransactWriteItem
 	// extraFailed answers when the condition of extra[i] failed; old is the
@@ -231,8 +233,12 @@ func (s *Store) transaction(runID string, cur *runMeta, ch *runChange) (*dynamod
 
 	events := make([]belay.Event, len(ch.events))
 	var size int
+	source := ch.source
+	if source == "" {
+		source = belay.SourceControl
+	}
 	for i, in := range ch.events {
-		e := belay.Event{Seq: last + 1 + int64(i), Time: in.Time, Type: in.Type, Data: in.Data}
+		e := belay.Event{Seq: last + 1 + int64(i), Time: in.Time, Type: in.Type, Source: source, Data: in.Data}
 		if !e.Time.IsZero() {
 			e.Time = e.Time.UTC()
 		}

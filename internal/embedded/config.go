@@ -3,9 +3,13 @@ package embedded
 import (
 	"io"
 	"log/slog"
+	"math"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
 )
 
 // The environment variables `belay serve` reads (DESIGN.md "Embedded
@@ -22,6 +26,10 @@ const (
 	EnvSandboxBin    = "BELAY_SANDBOX_BIN"
 	EnvSandboxDir    = "BELAY_SANDBOX_DIR"
 	EnvScriptedModel = "BELAY_SCRIPTED_MODEL"
+	// EnvSandboxEvents and EnvSandboxEventBytes cap what each run's sandbox
+	// may append to its log (belay.SandboxEventLimits).
+	EnvSandboxEvents     = "BELAY_SANDBOX_EVENTS"
+	EnvSandboxEventBytes = "BELAY_SANDBOX_EVENT_BYTES"
 )
 
 // Defaults of Config.
@@ -103,6 +111,9 @@ type Config struct {
 	// EventBufferSize is how many events each run keeps; the store's
 	// default when zero.
 	EventBufferSize int
+	// SandboxEventLimits caps what each run's sandbox may append to its
+	// log; zero fields take belay.DefaultSandboxEventLimits.
+	SandboxEventLimits belay.SandboxEventLimits
 	// ShutdownTimeout bounds Close: in-flight requests, then runs in
 	// flight. DefaultShutdownTimeout when zero.
 	ShutdownTimeout time.Duration
@@ -143,11 +154,28 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		SandboxDir:      get(EnvSandboxDir),
 		ScriptedModel:   get(EnvScriptedModel),
 		Storage:         storageConfigFromEnv(get),
-		Launcher:        get(EnvLauncher),
-		SandboxImage:    get(EnvSandboxImage),
-
+		SandboxEventLimits: belay.SandboxEventLimits{
+			MaxEvents: int(positiveFromEnv(get(EnvSandboxEvents))),
+			MaxBytes:  positiveFromEnv(get(EnvSandboxEventBytes)),
+		},
+		Launcher:           get(EnvLauncher),
+		SandboxImage:       get(EnvSandboxImage),
 		AllowWeakIsolation: parseBool(get(EnvAllowWeakIsolation)),
 	}
+}
+
+// positiveFromEnv reads a count from the environment: 0 when unset, -1
+// when it is not a positive whole number, which New then refuses naming
+// the variable.
+func positiveFromEnv(v string) int64 {
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 || n > math.MaxInt32 {
+		return -1
+	}
+	return n
 }
 
 // DefaultDataDir returns BELAY_DATA_DIR, else $XDG_DATA_HOME/belay, else

@@ -96,6 +96,9 @@ func New(cfg Config) (*Main, error) {
 	if cfg.EventBufferSize < 0 {
 		return nil, fmt.Errorf("event buffer size (--event-buffer) %d is negative", cfg.EventBufferSize)
 	}
+	if err := checkSandboxEventLimits(&cfg, m.log); err != nil {
+		return nil, err
+	}
 	if err := cfg.Storage.check(); err != nil {
 		return nil, err
 	}
@@ -367,16 +370,17 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		return err
 	}
 	api, err = httpapi.New(httpapi.Config{
-		Store:         store,
-		Artifacts:     artifacts,
-		Orchestrator:  orch,
-		Signer:        signer,
-		Limits:        belay.DefaultLimits(m.cfg.Model),
-		ControlTokens: []string{m.token},
-		EventsChanged: watched.Changed,
-		Upstream:      upstream,
-		Logger:        m.log,
-		Now:           m.now,
+		Store:              store,
+		Artifacts:          artifacts,
+		Orchestrator:       orch,
+		Signer:             signer,
+		Limits:             belay.DefaultLimits(m.cfg.Model),
+		ControlTokens:      []string{m.token},
+		EventsChanged:      watched.Changed,
+		SandboxEventLimits: m.cfg.SandboxEventLimits,
+		Upstream:           upstream,
+		Logger:             m.log,
+		Now:                m.now,
 	})
 	if err != nil {
 		return err
@@ -489,4 +493,33 @@ func (m *Main) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.runErr
+}
+
+// checkSandboxEventLimits fills in the default caps on sandbox events and
+// refuses a cap that is not positive. A count cap at or above the event
+// buffer is allowed, with a warning: a sandbox could then push the control
+// plane's own events out of its run's log.
+func checkSandboxEventLimits(cfg *Config, log *slog.Logger) error {
+	l, def := &cfg.SandboxEventLimits, belay.DefaultSandboxEventLimits()
+	switch {
+	case l.MaxEvents < 0:
+		return fmt.Errorf("%s (--sandbox-events) must be a positive whole number", EnvSandboxEvents)
+	case l.MaxBytes < 0:
+		return fmt.Errorf("%s (--sandbox-event-bytes) must be a positive whole number", EnvSandboxEventBytes)
+	}
+	if l.MaxEvents == 0 {
+		l.MaxEvents = def.MaxEvents
+	}
+	if l.MaxBytes == 0 {
+		l.MaxBytes = def.MaxBytes
+	}
+	buffer := cfg.EventBufferSize
+	if buffer == 0 {
+		buffer = belay.DefaultEventBufferSize
+	}
+	if l.MaxEvents >= buffer {
+		log.Warn("the cap on a sandbox's events is not below the event buffer: a sandbox could push the control plane's own events out of its run's log",
+			"sandbox_events", l.MaxEvents, "event_buffer", buffer)
+	}
+	return nil
 }

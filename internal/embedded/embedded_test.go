@@ -292,6 +292,13 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		edit func(*embedded.Config)
 		want []string
 	}{
+		{"sandbox event cap from the environment", func(c *embedded.Config) {
+			c.SandboxEventLimits = embedded.ConfigFromEnv(func(k string) (string, bool) {
+				return map[string]string{"BELAY_SANDBOX_EVENTS": "lots"}[k], k == "BELAY_SANDBOX_EVENTS"
+			}).SandboxEventLimits
+		}, []string{"BELAY_SANDBOX_EVENTS", "positive whole number"}},
+		{"negative sandbox event bytes", func(c *embedded.Config) { c.SandboxEventLimits.MaxBytes = -5 },
+			[]string{"BELAY_SANDBOX_EVENT_BYTES", "--sandbox-event-bytes"}},
 		{"http to a non-loopback host", upstream("http://models.example.com/v1/chat/completions"),
 			[]string{"BELAY_MODEL_API_URL", "plain http only for a loopback host"}},
 		{"query string", upstream("https://models.example.com/v1/chat/completions?key=x"),
@@ -405,6 +412,7 @@ func TestConfigFromEnv(t *testing.T) {
 		"BELAY_MODEL_API_URL": "https://m.example.com/v1/chat/completions", "BELAY_MODEL_API_KEY": "sk-1",
 		"BELAY_MODEL_API_KEY_FILE": "/run/key", "BELAY_TOKEN": "tok", "BELAY_SANDBOX_BIN": "/opt/belay-sandbox",
 		"BELAY_SANDBOX_DIR": "/srv/sbx", "BELAY_SCRIPTED_MODEL": "/x/s.json", "HOME": "/home/u",
+		"BELAY_SANDBOX_EVENTS": "300", "BELAY_SANDBOX_EVENT_BYTES": "65536",
 	}
 	got := embedded.ConfigFromEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	want := embedded.Config{
@@ -412,6 +420,7 @@ func TestConfigFromEnv(t *testing.T) {
 		ModelAPIURL: "https://m.example.com/v1/chat/completions", ModelAPIKey: "sk-1",
 		ModelAPIKeyFile: "/run/key", Token: "tok", SandboxBin: "/opt/belay-sandbox",
 		SandboxDir: "/srv/sbx", ScriptedModel: "/x/s.json",
+		SandboxEventLimits: belay.SandboxEventLimits{MaxEvents: 300, MaxBytes: 65536},
 	}
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Errorf("ConfigFromEnv =\n%+v\nwant\n%+v", got, want)

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -268,6 +269,11 @@ func TestSandboxEvents(t *testing.T) {
 		{"101 events", toks.Events, `{"batchId":"b-2","events":[` + strings.Join(many, ",") + `]}`, 400, belay.CodeInvalid},
 		{"data not object", toks.Events, `{"batchId":"b-2","events":[{"type":"tool.call","data":[1]}]}`, 400, belay.CodeInvalid},
 		{"oversize", toks.Events, `{"batchId":"b-2","events":[{"type":"tool.call","data":{"x":"` + strings.Repeat("x", 260<<10) + `"}}]}`, 413, belay.CodeTooLarge},
+		{"final check", toks.Events, `{"batchId":"b-2","events":[{"type":"check.finished","data":{"argv":["python3","-m","pytest","-q"],"exitCode":0,"final":true}}]}`, 403, belay.CodeForbidden},
+		{"final check, other case", toks.Events, `{"batchId":"b-2","events":[{"type":"check.finished","data":{"exitCode":0,"FINAL":true}}]}`, 403, belay.CodeForbidden},
+		{"final check, repeated member", toks.Events, `{"batchId":"b-2","events":[{"type":"check.finished","data":{"final":false,"final":true}}]}`, 403, belay.CodeForbidden},
+		{"final check, not a boolean", toks.Events, `{"batchId":"b-2","events":[{"type":"check.finished","data":{"final":1}}]}`, 403, belay.CodeForbidden},
+		{"final check in a good batch", toks.Events, `{"batchId":"b-2","events":[{"type":"tool.call"},{"type":"check.finished","data":{"final":true}}]}`, 403, belay.CodeForbidden},
 	} {
 		a := post(tc.tok, tc.body)
 		if a.status != tc.want || a.errorCode(t) != tc.code {
@@ -277,6 +283,20 @@ func TestSandboxEvents(t *testing.T) {
 	if n := len(h.allEvents(t, id)); n != 4 {
 		t.Errorf("refused batches left events: %d, want 4", n)
 	}
+	// What the sandbox sent is marked as the sandbox's; a check.finished
+	// that does not claim to be final is taken.
+	if a := post(toks.Events, `{"batchId":"b-4","events":[{"type":"check.finished","data":{"exitCode":0,"final":false}}]}`); a.status != 200 {
+		t.Errorf("a non-final check: %d %s", a.status, a.body)
+	}
+	for _, e := range h.allEvents(t, id) {
+		want := belay.SourceControl
+		if e.Seq > 2 {
+			want = belay.SourceSandbox
+		}
+		if e.Source != want {
+			t.Errorf("event %d (%s) has source %q, want %q", e.Seq, e.Type, e.Source, want)
+		}
+	}
 	other, _ := h.startRun(t, "", 5)
 	if a := h.do(t, "POST", "/internal/v1/runs/"+other+"/events", toks.Events, []byte(batch), nil); a.status != 401 {
 		t.Errorf("token of another run: %d, want 401", a.status)
@@ -284,5 +304,39 @@ func TestSandboxEvents(t *testing.T) {
 	h.finishRun(t, id)
 	if a := post(toks.Events, `{"batchId":"b-3","events":[{"type":"tool.result"}]}`); a.status != 409 || a.errorCode(t) != belay.CodeConflict {
 		t.Errorf("append to an ended run: %d %s, want 409", a.status, a.body)
+	}
+}
+
+// TestSandboxEventCap: past the operator's cap a batch is refused whole,
+// with a message naming the cap; the control plane's own events go on.
+func TestSandboxEventCap(t *testing.T) {
+	h := newHarness(t, harnessOptions{sandboxEvents: belay.SandboxEventLimits{MaxEvents: 3, MaxBytes: 1 << 20}})
+	id, toks := h.startRun(t, "", 5)
+	post := func(batchID string, n int) answer {
+		evs := make([]string, n)
+		for i := range evs {
+			evs[i] = `{"type":"tool.call","data":{"i":` + strconv.Itoa(i) + `}}`
+		}
+		return h.do(t, "POST", "/internal/v1/runs/"+id+"/events", toks.Events,
+			[]byte(`{"batchId":"`+batchID+`","events":[`+strings.Join(evs, ",")+`]}`), nil)
+	}
+	if a := post("b1", 2); a.status != 200 {
+		t.Fatalf("2 of 3: %d %s", a.status, a.body)
+	}
+	a := post("b2", 2)
+	var e wire.ErrorBody
+	a.decode(t, &e)
+	if a.status != 413 || e.Error.Code != belay.CodeTooLarge || !strings.Contains(e.Error.Message, "at most 3 events") {
+		t.Fatalf("past the cap: %d %s, want 413 too_large naming the cap", a.status, a.body)
+	}
+	if a := post("b3", 1); a.status != 200 {
+		t.Fatalf("the last one under the cap: %d %s", a.status, a.body)
+	}
+	if a := post("b1", 2); a.status != 200 {
+		t.Errorf("a retried batch at the cap: %d %s, want its first answer", a.status, a.body)
+	}
+	h.appendEvents(t, id, 5)
+	if n := len(h.allEvents(t, id)); n != 2+3+5 {
+		t.Errorf("%d events, want 10", n)
 	}
 }

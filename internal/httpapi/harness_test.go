@@ -166,6 +166,8 @@ type harnessOptions struct {
 	watch bool
 	// presigner, when set, is the server's OutputPresigner.
 	presigner httpapi.OutputPresigner
+	// sandboxEvents caps each run's sandbox events (zero: the defaults).
+	sandboxEvents belay.SandboxEventLimits
 }
 
 // harness is one server over a real SQLite store in a temporary directory,
@@ -273,6 +275,7 @@ func newHarness(tb testing.TB, opts harnessOptions) *harness {
 		EventsPollInterval: opts.poll,
 		EventsChanged:      changed,
 		Presigner:          opts.presigner,
+		SandboxEventLimits: opts.sandboxEvents,
 	}
 	api, err := httpapi.New(cfg)
 	if err != nil {

@@ -3,9 +3,11 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/token"
@@ -17,9 +19,14 @@ import (
 // cannot pre-empt one of them by reusing its id.
 const sandboxBatchPrefix = "sandbox:"
 
-// handleAppendEvents appends a batch of the sandbox's events. Only the types
-// in belay.SandboxEventTypes are accepted: everything else (a terminal
-// state, a decision) is the control plane's to write.
+// handleAppendEvents appends a batch of the sandbox's events, marked as the
+// sandbox's (belay.SourceSandbox) and counted against the run's caps
+// (Config.SandboxEventLimits; past them the batch is refused with
+// too_large, naming the cap). Only the types in belay.SandboxEventTypes are
+// accepted: everything else (a terminal state, a decision) is the control
+// plane's to write. Nor may a sandbox report a final check
+// (check.finished with "final" set): the control plane records the final
+// checks from the bundle it validated, when it finalizes the run.
 func (s *Server) handleAppendEvents(w http.ResponseWriter, r *http.Request) {
 	id, err := s.sandboxRunID(r, token.AudienceEvents)
 	if err != nil {
@@ -62,11 +69,16 @@ func (s *Server) handleAppendEvents(w http.ResponseWriter, r *http.Request) {
 		} else {
 			e.Data = data
 		}
+		if e.Type == belay.EventCheckFinished && claimsFinal(e.Data) {
+			s.writeError(w, r, belay.FieldErrorf(belay.CodeForbidden, fieldIndex("events", i, "data.final"),
+				"a sandbox may not report a final check; the control plane records the final checks from the result bundle it validates"))
+			return
+		}
 		if e.Time.IsZero() {
 			e.Time = now
 		}
 	}
-	stored, err := s.store.AppendEvents(context.WithoutCancel(r.Context()), id, sandboxBatchPrefix+batch.BatchID, batch.Events)
+	stored, err := s.store.AppendSandboxEvents(context.WithoutCancel(r.Context()), id, sandboxBatchPrefix+batch.BatchID, batch.Events, s.sandboxEvents)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -76,4 +88,25 @@ func (s *Server) handleAppendEvents(w http.ResponseWriter, r *http.Request) {
 
 func fieldIndex(list string, i int, field string) string {
 	return list + "[" + strconv.Itoa(i) + "]." + field
+}
+
+// claimsFinal reports whether a check.finished event's data has a member
+// "final" (in any letter case, as Go's decoder would match it) whose value
+// is anything but false: what a reader could take for the control plane's
+// final check.
+func claimsFinal(data []byte) bool {
+	if len(data) == 0 {
+		return false
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		// Not JSON: the store refuses it as invalid.
+		return false
+	}
+	for k, v := range m {
+		if strings.EqualFold(k, "final") && !bytes.Equal(bytes.TrimSpace(v), []byte("false")) {
+			return true
+		}
+	}
+	return false
 }

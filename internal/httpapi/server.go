@@ -69,6 +69,10 @@ type Config struct {
 	// that appends events (belay.WatchedStore.Changed), so a stream wakes
 	// at once rather than at its next poll. Polling stays the fallback.
 	EventsChanged func() <-chan struct{}
+	// SandboxEventLimits caps what each run's sandbox may append to its
+	// log through the events route; zero fields take
+	// belay.DefaultSandboxEventLimits.
+	SandboxEventLimits belay.SandboxEventLimits
 	// Presigner, when set, gives a claiming sandbox presigned upload URLs
 	// for its outputs (on AWS, the S3 adapter); nil points it at the
 	// outputs route.
@@ -101,20 +105,21 @@ type Upstream struct {
 
 // Server is the control plane's HTTP handler. It is safe for concurrent use.
 type Server struct {
-	store        belay.Store
-	artifacts    belay.ArtifactStore
-	orchestrator belay.Orchestrator
-	signer       *token.Signer
-	limits       belay.Limits
-	controlHash  [][sha256.Size]byte
-	upstream     Upstream
-	client       *http.Client
-	log          *slog.Logger
-	now          func() time.Time
-	heartbeat    time.Duration
-	pollEvery    time.Duration
-	changed      func() <-chan struct{}
-	presigner    OutputPresigner
+	store         belay.Store
+	artifacts     belay.ArtifactStore
+	orchestrator  belay.Orchestrator
+	signer        *token.Signer
+	limits        belay.Limits
+	controlHash   [][sha256.Size]byte
+	upstream      Upstream
+	client        *http.Client
+	log           *slog.Logger
+	now           func() time.Time
+	heartbeat     time.Duration
+	pollEvery     time.Duration
+	changed       func() <-chan struct{}
+	presigner     OutputPresigner
+	sandboxEvents belay.SandboxEventLimits
 
 	entropyMu sync.Mutex
 	entropy   io.Reader
@@ -158,19 +163,27 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("httpapi: %w", err)
 	}
 	s := &Server{
-		store:        cfg.Store,
-		artifacts:    cfg.Artifacts,
-		orchestrator: cfg.Orchestrator,
-		signer:       cfg.Signer,
-		limits:       cfg.Limits,
-		upstream:     cfg.Upstream,
-		log:          cfg.Logger,
-		now:          cfg.Now,
-		entropy:      cfg.Entropy,
-		heartbeat:    cfg.HeartbeatInterval,
-		pollEvery:    cfg.EventsPollInterval,
-		changed:      cfg.EventsChanged,
-		presigner:    cfg.Presigner,
+		store:         cfg.Store,
+		artifacts:     cfg.Artifacts,
+		orchestrator:  cfg.Orchestrator,
+		signer:        cfg.Signer,
+		limits:        cfg.Limits,
+		upstream:      cfg.Upstream,
+		log:           cfg.Logger,
+		now:           cfg.Now,
+		entropy:       cfg.Entropy,
+		heartbeat:     cfg.HeartbeatInterval,
+		pollEvery:     cfg.EventsPollInterval,
+		changed:       cfg.EventsChanged,
+		presigner:     cfg.Presigner,
+		sandboxEvents: cfg.SandboxEventLimits,
+	}
+	def := belay.DefaultSandboxEventLimits()
+	if s.sandboxEvents.MaxEvents <= 0 {
+		s.sandboxEvents.MaxEvents = def.MaxEvents
+	}
+	if s.sandboxEvents.MaxBytes <= 0 {
+		s.sandboxEvents.MaxBytes = def.MaxBytes
 	}
 	for i, t := range cfg.ControlTokens {
 		if len(t) < MinControlTokenLen {

@@ -729,10 +729,21 @@ func Validate(run belay.Run, exit belay.SandboxExit, files map[string][]byte, wa
 	return out
 }
 
+// FinalCheck is the data of the check.finished events Finalize appends,
+// one per check of a validated bundle, before the terminal event. Only the
+// control plane writes Final: the events route refuses it from a sandbox.
+type FinalCheck struct {
+	Argv       []string `json:"argv"`
+	ExitCode   int      `json:"exitCode"`
+	DurationMs int64    `json:"durationMs"`
+	Final      bool     `json:"final"`
+}
+
 // Finalize stores the outcome's files as artifacts (result.json, patch.diff,
 // transcript.jsonl, whichever exist) and moves the run to its terminal
-// state with the outcome and its terminal event (run.completed, run.failed
-// or run.cancelled, with reason and exitCode) in one write. A run whose
+// state with the outcome, a check.finished event per final check of a
+// validated bundle (FinalCheck) and its terminal event (run.completed,
+// run.failed or run.cancelled, with reason and exitCode) in one write. A run whose
 // cancel was requested ends cancelled whatever the outcome. A run that is
 // already terminal keeps its state: Finalize logs that and returns the
 // stored run without error. An artifact that cannot be stored is logged and
@@ -772,6 +783,17 @@ func (o *Orchestrator) Finalize(ctx context.Context, run belay.Run, out Outcome)
 		return belay.Run{}, fmt.Errorf("finalize run %s: %w", run.ID, err)
 	}
 	now := o.now()
+	// The final checks go into the log from the bundle the control plane
+	// validated, as its own events: the sandbox may not report them.
+	events := make([]belay.EventInput, 0, len(out.Checks)+1)
+	for _, c := range out.Checks {
+		check, err := json.Marshal(FinalCheck{Argv: c.Argv, ExitCode: c.ExitCode, DurationMs: c.DurationMs, Final: true})
+		if err != nil {
+			return belay.Run{}, fmt.Errorf("finalize run %s: %w", run.ID, err)
+		}
+		events = append(events, belay.EventInput{Time: now, Type: belay.EventCheckFinished, Data: check})
+	}
+	events = append(events, belay.EventInput{Time: now, Type: belay.TerminalEventType(out.Status), Data: data})
 	done, err := o.store.Transition(ctx, run.ID, belay.Transition{
 		To:           out.Status,
 		At:           now,
@@ -780,7 +802,7 @@ func (o *Orchestrator) Finalize(ctx context.Context, run belay.Run, out Outcome)
 		Checks:       out.Checks,
 		ChangedFiles: out.ChangedFiles,
 		Artifacts:    artifacts,
-		Events:       []belay.EventInput{{Time: now, Type: belay.TerminalEventType(out.Status), Data: data}},
+		Events:       events,
 	})
 	if belay.IsCode(err, belay.CodeConflict) {
 		log.Info("run ended meanwhile; its state stands", "outcome", out.Status)

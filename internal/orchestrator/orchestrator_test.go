@@ -592,11 +592,21 @@ func TestHappyPath(t *testing.T) {
 	}
 
 	var types []string
-	for _, e := range h.events(t, id) {
-		types = append(types, e.Type)
+	evs := h.events(t, id)
+	for _, e := range evs {
+		types = append(types, e.Type+"/"+e.Source)
 	}
-	if want := []string{belay.EventRunQueued, belay.EventRunStarted, belay.EventRunCompleted}; !slices.Equal(types, want) {
+	// The final check is the control plane's own event, from the bundle
+	// it validated, right before the terminal one.
+	if want := []string{"run.queued/control", "run.started/control", "check.finished/control", "run.completed/control"}; !slices.Equal(types, want) {
 		t.Errorf("events = %v, want %v", types, want)
+	}
+	if len(evs) == 4 {
+		var fc orchestrator.FinalCheck
+		if err := json.Unmarshal(evs[2].Data, &fc); err != nil || !fc.Final || fc.ExitCode != 0 || fc.DurationMs != 420 ||
+			!slices.Equal(fc.Argv, []string{"python3", "-m", "pytest", "-q"}) {
+			t.Errorf("final check event %s (%v), want the bundle's check, final", evs[2].Data, err)
+		}
 	}
 	h.assertEnded(t, run)
 	if !strings.Contains(h.logs.String(), `"msg":"run finished","run_id":"`+id+`"`) {

@@ -192,6 +192,10 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 	events, err := NewEventClient(EventsConfig{
 		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Token: tokens.Events,
 		Now: e.now, Rand: e.rand, Logger: log,
+		OnCapped: func(message string) {
+			writeTranscriptLine(transcript, e.now, map[string]any{"type": "events.capped", "message": truncate(message, 500),
+				"note": "the control plane takes no more events from this sandbox; the run goes on, and this transcript keeps the rest"})
+		},
 	})
 	if err != nil {
 		return err
@@ -297,7 +301,7 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 				OutputTail: "[belay: not run: the repository was tampered with]"}
 			continue
 		}
-		checks[i] = e.finalCheck(ctx, git, argv, deadline, stopping, events, transcript)
+		checks[i] = e.finalCheck(ctx, git, argv, deadline, stopping, transcript)
 		e.killStrays(log)
 	}
 	if tamperedErr != nil {
@@ -400,7 +404,7 @@ func agentReason(o agent.Outcome, err error, runOver, terminated, wallTimeUp boo
 
 // finalCheck runs one of the run's checks after the agent loop, or records
 // why it did not run.
-func (e *entry) finalCheck(ctx context.Context, git Git, argv []string, deadline time.Time, stopping bool, events EventEmitter, transcript io.Writer) belay.CheckResult {
+func (e *entry) finalCheck(ctx context.Context, git Git, argv []string, deadline time.Time, stopping bool, transcript io.Writer) belay.CheckResult {
 	cr := belay.CheckResult{Argv: argv, ExitCode: notRunExitCode}
 	left := deadline.Sub(e.now())
 	switch {
@@ -417,7 +421,8 @@ func (e *entry) finalCheck(ctx context.Context, git Git, argv []string, deadline
 		return cr
 	}
 	cr.ExitCode, cr.DurationMs, cr.OutputTail = res.ExitCode, res.Duration.Milliseconds(), res.Tail(ResultTailBytes)
-	events.Emit(belay.EventCheckFinished, CheckFinished{Argv: argv, ExitCode: res.ExitCode, DurationMs: cr.DurationMs, TimedOut: res.TimedOut, Final: true})
+	// No check.finished event: a final check is the control plane's to
+	// report, from the bundle it validates.
 	writeTranscriptLine(transcript, e.now, commandRecord{
 		Type: "command", Time: e.now().UTC().Format(time.RFC3339Nano), Tool: "final_check", Argv: argv,
 		ExitCode: res.ExitCode, DurationMs: cr.DurationMs, TimedOut: res.TimedOut, Interrupted: res.Interrupted,

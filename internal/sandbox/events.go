@@ -42,6 +42,11 @@ type EventsConfig struct {
 	// Rand makes the batch ids (default crypto/rand).
 	Rand   io.Reader
 	Logger *slog.Logger
+	// OnCapped, when set, is called once when the control plane refuses a
+	// batch because the run's sandbox has appended all the events it may
+	// (413 too_large): the client stops sending for good, and the entry
+	// carries on without its live log.
+	OnCapped func(message string)
 }
 
 // EventClient sends a run's events to the control plane in batches. Emit
@@ -51,7 +56,9 @@ type EventsConfig struct {
 // batch id, which the control plane appends at most once. When the control
 // plane answers 409 (the run is terminal) or 401 (the token is no longer
 // valid) the client stops for good and Stopped is closed: the run is over,
-// and the entry should wind down.
+// and the entry should wind down. When it answers 413 (the run's cap on
+// sandbox events is reached) the client stops sending for good too, but
+// the run goes on: Stopped stays open, and OnCapped is told.
 type EventClient struct {
 	cfg   EventsConfig
 	route apiRoute
@@ -323,6 +330,20 @@ func (c *EventClient) send(events []belay.EventInput) bool {
 			return true
 		}
 		var ae *APIError
+		if errors.As(err, &ae) && ae.Status == http.StatusRequestEntityTooLarge {
+			c.cfg.Logger.Warn("event append refused: the run's cap on sandbox events is reached; no more events are sent",
+				"code", ae.Code, "message", ae.Message)
+			c.mu.Lock()
+			c.stopped = true
+			c.dropped += int(c.queued - c.settled)
+			c.queue = nil
+			c.settleLocked(int(c.queued - c.settled))
+			c.mu.Unlock()
+			if c.cfg.OnCapped != nil {
+				c.cfg.OnCapped(ae.Message)
+			}
+			return false
+		}
 		if errors.As(err, &ae) && (ae.Status == http.StatusConflict || ae.Status == http.StatusUnauthorized) {
 			c.cfg.Logger.Info("event append refused: the run is over; stopping", "status", ae.Status, "code", ae.Code)
 			c.mu.Lock()

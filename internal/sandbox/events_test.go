@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/sandbox"
 	"github.com/belay-dev/belay/internal/wire"
 )
@@ -239,5 +240,67 @@ func TestEventClientStopsWhenTheRunIsOver(t *testing.T) {
 				t.Error("the events token appears in the client's log")
 			}
 		})
+	}
+}
+
+// TestEventClientStopsSendingAtTheCap: when the control plane refuses a
+// batch because the run's sandbox events are capped (413), the client
+// stops sending for good and says so once, but the run is not over.
+func TestEventClientStopsSendingAtTheCap(t *testing.T) {
+	cp := newControlPlaneWith(t, t.TempDir(), scriptedModelScript(), func(c *httpapi.Config) {
+		c.SandboxEventLimits = belay.SandboxEventLimits{MaxEvents: 3, MaxBytes: 1 << 20}
+	})
+	runID, set := cp.startRun(t, runRequest(belay.PolicyDenyAll, 0))
+	logs := &syncBuffer{}
+	capped := make(chan string, 4)
+	c, err := sandbox.NewEventClient(sandbox.EventsConfig{
+		BaseURL: "http://belay", HTTPClient: cp.apiClient(t), RunID: runID, Token: set.Events,
+		FlushInterval: 20 * time.Millisecond, Backoff: 10 * time.Millisecond,
+		Logger:   slog.New(slog.NewTextHandler(logs, nil)),
+		OnCapped: func(msg string) { capped <- msg },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		c.Emit(belay.EventToolCall, map[string]int{"i": i})
+	}
+	if err := c.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		c.Emit(belay.EventToolCall, map[string]int{"i": 10 + i})
+	}
+	select {
+	case msg := <-capped:
+		if !strings.Contains(msg, "at most 3 events") {
+			t.Errorf("OnCapped got %q; want the control plane's message naming the cap", msg)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the client was never told of the cap; its log:\n%s", logs.String())
+	}
+	select {
+	case <-c.Stopped():
+		t.Fatal("Stopped closed at the cap: the run is not over")
+	default:
+	}
+	c.Emit(belay.EventToolCall, map[string]string{"after": "the cap"})
+	if err := c.Close(context.Background()); err != nil {
+		t.Errorf("Close after the cap: %v", err)
+	}
+	if len(capped) != 0 {
+		t.Error("OnCapped was called more than once")
+	}
+	n := 0
+	for _, e := range cp.events(t, runID) {
+		if e.Source == belay.SourceSandbox {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d sandbox events stored; want the 2 under the cap (the refused batch whole)", n)
+	}
+	if !strings.Contains(logs.String(), "cap on sandbox events is reached") {
+		t.Errorf("the client's log does not say why it stopped:\n%s", logs.String())
 	}
 }

@@ -26,7 +26,8 @@ func (w Workspace) TokensDir() string { return filepath.Join(string(w), workspac
 // RepoDir is the repository the entry builds from the spec's files.
 func (w Workspace) RepoDir() string { return filepath.Join(string(w), workspace.RepoDir) }
 
-// OutDir receives result.json, patch.diff and transcript.jsonl.
+// OutDir is the workspace's out/ folder. The entry writes nothing there
+// any more (it uploads its outputs); launchers may stop creating it.
 func (w Workspace) OutDir() string { return filepath.Join(string(w), workspace.OutDir) }
 
 // HomeDir is HOME for git, checks and shell commands; the entry empties

@@ -591,15 +591,15 @@ func (t *Tools) record(tool string, argv []string, res CommandResult) {
 	}
 }
 
-// CheckFinished is the data of a check.finished event.
+// CheckFinished is the data of a check.finished event the sandbox sends
+// for a run_check call of the agent. It never says "final": the final
+// checks are the control plane's to report, from the bundle it validates,
+// and its events route refuses a sandbox's claim to one.
 type CheckFinished struct {
 	Argv       []string `json:"argv"`
 	ExitCode   int      `json:"exitCode"`
 	DurationMs int64    `json:"durationMs"`
 	TimedOut   bool     `json:"timedOut,omitempty"`
-	// Final is true for the checks the entry runs after the agent loop,
-	// false for a run_check call of the agent.
-	Final bool `json:"final"`
 }
 
 func (t *Tools) emit(typ string, data any) {

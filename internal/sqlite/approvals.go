@@ -77,7 +77,7 @@ func (s *Store) CreateApproval(ctx context.Context, a belay.Approval) (belay.App
 		} else if !belay.IsCode(err, belay.CodeNotFound) {
 			return err
 		}
-		appended, err := s.appendLocked(ctx, tx, &r, events)
+		appended, err := s.appendLocked(ctx, tx, &r, events, belay.SourceControl)
 		if err != nil {
 			return err
 		}
@@ -161,7 +161,7 @@ func (s *Store) DecideApproval(ctx context.Context, runID, id string, d belay.De
 			return belay.Errorf(belay.CodeConflict, "run %s is %s; its approvals are closed", runID, r.Status)
 		}
 		a.Status, a.Decision, a.Reason, a.DecidedBy, a.DecidedAt = belay.ApprovalDecided, d, reason, by, at
-		if _, err := s.appendLocked(ctx, tx, &r, []belay.EventInput{belay.ApprovalDecidedEvent(a)}); err != nil {
+		if _, err := s.appendLocked(ctx, tx, &r, []belay.EventInput{belay.ApprovalDecidedEvent(a)}, belay.SourceControl); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, "UPDATE approvals SET status = ?, decision = ?, reason = ?, decided_by = ?, decided_at = ? WHERE run_id = ? AND id = ?",

@@ -25,9 +25,9 @@ func checkEvents(evs []belay.EventInput) error {
 }
 
 // appendLocked appends evs to run r's log inside write transaction tx,
-// numbering them from r.LastSeq+1, advances r.LastSeq (the caller saves r)
-// and drops what falls out of the buffer.
-func (s *Store) appendLocked(ctx context.Context, tx *sql.Tx, r *belay.Run, evs []belay.EventInput) ([]belay.Event, error) {
+// numbering them from r.LastSeq+1 and marking them with source, advances
+// r.LastSeq (the caller saves r) and drops what falls out of the buffer.
+func (s *Store) appendLocked(ctx context.Context, tx *sql.Tx, r *belay.Run, evs []belay.EventInput, source string) ([]belay.Event, error) {
 	out := make([]belay.Event, 0, len(evs))
 	for _, e := range evs {
 		seq := r.LastSeq + 1
@@ -35,12 +35,12 @@ func (s *Store) appendLocked(ctx context.Context, tx *sql.Tx, r *belay.Run, evs 
 		if len(e.Data) > 0 {
 			data = e.Data
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO events (run_id, seq, time, type, data) VALUES (?, ?, ?, ?, ?)",
-			r.ID, seq, nanos(e.Time), e.Type, data); err != nil {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO events (run_id, seq, time, type, source, data) VALUES (?, ?, ?, ?, ?, ?)",
+			r.ID, seq, nanos(e.Time), e.Type, source, data); err != nil {
 			return nil, fmt.Errorf("append event %d: %w", seq, err)
 		}
 		r.LastSeq = seq
-		out = append(out, belay.Event{Seq: seq, Time: e.Time, Type: e.Type, Data: e.Data})
+		out = append(out, belay.Event{Seq: seq, Time: e.Time, Type: e.Type, Source: source, Data: e.Data})
 	}
 	if drop := r.LastSeq - int64(s.bufferSize); len(evs) > 0 && drop > 0 {
 		if _, err := tx.ExecContext(ctx, "DELETE FROM events WHERE run_id = ? AND seq <= ?", r.ID, drop); err != nil {
@@ -54,7 +54,7 @@ func (s *Store) appendLocked(ctx context.Context, tx *sql.Tx, r *belay.Run, evs 
 // first, at most limit of them.
 func readEvents(ctx context.Context, q querier, runID string, from, to int64, limit int) ([]belay.Event, error) {
 	rows, err := q.QueryContext(ctx,
-		"SELECT seq, time, type, data FROM events WHERE run_id = ? AND seq >= ? AND seq <= ? ORDER BY seq LIMIT ?",
+		"SELECT seq, time, type, source, data FROM events WHERE run_id = ? AND seq >= ? AND seq <= ? ORDER BY seq LIMIT ?",
 		runID, from, to, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read events: %w", err)
@@ -67,7 +67,7 @@ func readEvents(ctx context.Context, q querier, runID string, from, to int64, li
 			t    sql.NullInt64
 			data []byte
 		)
-		if err := rows.Scan(&e.Seq, &t, &e.Type, &data); err != nil {
+		if err := rows.Scan(&e.Seq, &t, &e.Type, &e.Source, &data); err != nil {
 			return nil, fmt.Errorf("read events: %w", err)
 		}
 		e.Time = fromNanos(t)
@@ -87,6 +87,20 @@ func readEvents(ctx context.Context, q querier, runID string, from, to int64, li
 // first call's events still in the buffer. Returns invalid for a malformed
 // event; not_found if the run does not exist; conflict if it is terminal.
 func (s *Store) AppendEvents(ctx context.Context, runID, batchID string, events []belay.EventInput) ([]belay.Event, error) {
+	return s.appendEvents(ctx, runID, batchID, events, belay.SourceControl, nil)
+}
+
+// AppendSandboxEvents is AppendEvents for the sandbox's events, counted in
+// the same transaction against the run's caps. Returns too_large, naming
+// the cap, for a batch past them, besides AppendEvents' codes.
+func (s *Store) AppendSandboxEvents(ctx context.Context, runID, batchID string, events []belay.EventInput, limits belay.SandboxEventLimits) ([]belay.Event, error) {
+	if !limits.Valid() {
+		return nil, belay.Errorf(belay.CodeInvalid, "sandbox event limits %+v must both be positive", limits)
+	}
+	return s.appendEvents(ctx, runID, batchID, events, belay.SourceSandbox, &limits)
+}
+
+func (s *Store) appendEvents(ctx context.Context, runID, batchID string, events []belay.EventInput, source string, limits *belay.SandboxEventLimits) ([]belay.Event, error) {
 	if err := checkEvents(events); err != nil {
 		return nil, err
 	}
@@ -115,7 +129,16 @@ func (s *Store) AppendEvents(ctx context.Context, runID, batchID string, events 
 		if len(events) == 0 {
 			return nil
 		}
-		if out, err = s.appendLocked(ctx, tx, &r, events); err != nil {
+		if limits != nil {
+			if err := belay.CheckSandboxEventLimits(*limits, r.SandboxEvents, r.SandboxEventBytes, events); err != nil {
+				return err
+			}
+			r.SandboxEvents += len(events)
+			for _, e := range events {
+				r.SandboxEventBytes += belay.EventBytes(e)
+			}
+		}
+		if out, err = s.appendLocked(ctx, tx, &r, events, source); err != nil {
 			return err
 		}
 		if batchID != "" {
@@ -124,7 +147,8 @@ func (s *Store) AppendEvents(ctx context.Context, runID, batchID string, events 
 				return fmt.Errorf("record batch: %w", err)
 			}
 		}
-		_, err = tx.ExecContext(ctx, "UPDATE runs SET last_seq = ? WHERE id = ?", r.LastSeq, runID)
+		_, err = tx.ExecContext(ctx, "UPDATE runs SET last_seq = ?, sandbox_events = ?, sandbox_event_bytes = ? WHERE id = ?",
+			r.LastSeq, r.SandboxEvents, r.SandboxEventBytes, runID)
 		return err
 	})
 	if err != nil {

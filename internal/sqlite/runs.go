@@ -16,7 +16,7 @@ import (
 // runColumns are the columns scanRun reads, in its order.
 const runColumns = `id, status, request, request_hash, created_at, updated_at, started_at, finished_at,
 	cancel_requested, reason, exit_code, model_requests, max_requests, prompt_tokens, completion_tokens,
-	checks, changed_files, artifacts, last_seq, attempt, sandbox_ref`
+	checks, changed_files, artifacts, last_seq, attempt, sandbox_ref, sandbox_events, sandbox_event_bytes`
 
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface{ Scan(dest ...any) error }
@@ -35,7 +35,7 @@ func scanRun(sc scanner) (belay.Run, error) {
 	)
 	if err := sc.Scan(&r.ID, &status, &request, &r.RequestHash, &created, &updated, &started, &finished,
 		&r.CancelRequested, &r.Reason, &exitCode, &modelRequests, &maxRequests, &promptTokens, &completionTokens,
-		&checks, &changedFiles, &artifacts, &lastSq, &r.Attempt, &r.SandboxRef); err != nil {
+		&checks, &changedFiles, &artifacts, &lastSq, &r.Attempt, &r.SandboxRef, &r.SandboxEvents, &r.SandboxEventBytes); err != nil {
 		return belay.Run{}, err
 	}
 	r.Status = belay.RunStatus(status)
@@ -109,11 +109,12 @@ func saveRun(ctx context.Context, tx *sql.Tx, r belay.Run) error {
 	_, err = tx.ExecContext(ctx, `UPDATE runs SET
 		status = ?, updated_at = ?, started_at = ?, finished_at = ?, cancel_requested = ?, reason = ?, exit_code = ?,
 		model_requests = ?, max_requests = ?, prompt_tokens = ?, completion_tokens = ?,
-		checks = ?, changed_files = ?, artifacts = ?, last_seq = ?, attempt = ?, sandbox_ref = ?
+		checks = ?, changed_files = ?, artifacts = ?, last_seq = ?, attempt = ?, sandbox_ref = ?,
+		sandbox_events = ?, sandbox_event_bytes = ?
 		WHERE id = ?`,
 		string(r.Status), nanos(r.UpdatedAt), nanos(r.StartedAt), nanos(r.FinishedAt), r.CancelRequested, r.Reason, exitCode,
 		r.Usage.ModelRequests, r.Usage.MaxRequests, r.Usage.PromptTokens, r.Usage.CompletionTokens,
-		checks, changed, artifacts, r.LastSeq, r.Attempt, r.SandboxRef, r.ID)
+		checks, changed, artifacts, r.LastSeq, r.Attempt, r.SandboxRef, r.SandboxEvents, r.SandboxEventBytes, r.ID)
 	if err != nil {
 		return fmt.Errorf("write run %s: %w", r.ID, err)
 	}
@@ -168,7 +169,7 @@ func (s *Store) CreateRun(ctx context.Context, run belay.Run, idempotencyKey str
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
 		}
-		if _, err := s.appendLocked(ctx, tx, &stored, []belay.EventInput{belay.RunQueuedEvent(stored)}); err != nil {
+		if _, err := s.appendLocked(ctx, tx, &stored, []belay.EventInput{belay.RunQueuedEvent(stored)}, belay.SourceControl); err != nil {
 			return err
 		}
 		created = true
@@ -325,7 +326,7 @@ func (s *Store) Transition(ctx context.Context, id string, t belay.Transition) (
 		if len(t.Artifacts) > 0 {
 			r.Artifacts = t.Artifacts
 		}
-		if _, err := s.appendLocked(ctx, tx, &r, events); err != nil {
+		if _, err := s.appendLocked(ctx, tx, &r, events, belay.SourceControl); err != nil {
 			return err
 		}
 		return saveRun(ctx, tx, r)
@@ -357,7 +358,7 @@ func (s *Store) RequestCancel(ctx context.Context, id string, at time.Time) (bel
 		}
 		r.CancelRequested = true
 		r.UpdatedAt = at
-		if _, err := s.appendLocked(ctx, tx, &r, []belay.EventInput{{Time: at, Type: belay.EventCancelRequested}}); err != nil {
+		if _, err := s.appendLocked(ctx, tx, &r, []belay.EventInput{{Time: at, Type: belay.EventCancelRequested}}, belay.SourceControl); err != nil {
 			return err
 		}
 		return saveRun(ctx, tx, r)

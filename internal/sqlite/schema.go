@@ -102,12 +102,19 @@ CREATE TABLE claims (
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX claims_run ON claims (run_id);
 `,
+	// 3: who wrote each event, and what a run's sandbox has appended, for
+	// its caps.
+	`
+ALTER TABLE events ADD COLUMN source TEXT NOT NULL DEFAULT 'control';
+ALTER TABLE runs ADD COLUMN sandbox_events INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN sandbox_event_bytes INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // SchemaVersion is the schema version this code writes: the number of
 // migrations. Open refuses a database with a newer one, written by a newer
 // belay, rather than misread it.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // migrate brings the database to SchemaVersion in one write transaction,
 // so a crash mid-migration leaves the old schema. It returns the version

@@ -87,6 +87,23 @@ func testCapability(t *testing.T, open opener) {
 		mustActivate(t, s, newCapability("run-cap", 5, at(600)))
 	})
 
+	t.Run("activate_for_a_missing_run", func(t *testing.T) {
+		// A capability only ever exists for a run: activating one for a
+		// run id that names none is not_found and stores nothing, so no
+		// consume can spend it.
+		s := open(t, Options{})
+		createIn(t, s, "run-cap", belay.StatusRunning)
+		wantCode(t, s.ActivateCapability(t.Context(), newCapability("run-ghost", 5, at(600))), belay.CodeNotFound,
+			"ActivateCapability(missing run)")
+		_, err := s.GetCapability(t.Context(), "run-ghost")
+		wantCode(t, err, belay.CodeNotFound, "GetCapability after a refused activation")
+		if res := consume(t, s, "run-ghost", testModel, at(1)); res.Outcome != belay.ConsumeInactive {
+			t.Fatalf("consume for a missing run = %+v, want inactive", res)
+		}
+		// The run that exists is unaffected.
+		mustActivate(t, s, newCapability("run-cap", 5, at(600)))
+	})
+
 	t.Run("activate_twice_conflicts", func(t *testing.T) {
 		s := open(t, Options{})
 		createIn(t, s, "run-cap", belay.StatusRunning)

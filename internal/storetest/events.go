@@ -32,11 +32,12 @@ func mustAppend(tb testing.TB, s belay.Store, id, batch string, evs []belay.Even
 	return got
 }
 
-// asEvents numbers inputs from seq first, as a store should.
+// asEvents numbers inputs from seq first, as a store should, and marks
+// them the control plane's (AppendEvents).
 func asEvents(first int64, in []belay.EventInput) []belay.Event {
 	out := make([]belay.Event, len(in))
 	for i, e := range in {
-		out[i] = belay.Event{Seq: first + int64(i), Time: e.Time, Type: e.Type, Data: e.Data}
+		out[i] = belay.Event{Seq: first + int64(i), Time: e.Time, Type: e.Type, Source: belay.SourceControl, Data: e.Data}
 	}
 	return out
 }

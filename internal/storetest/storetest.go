@@ -39,6 +39,7 @@ func Run(t *testing.T, open func(tb testing.TB, opts Options) belay.Store) {
 	t.Run("approvals", func(t *testing.T) { testApprovals(t, open) })
 	t.Run("concurrency", func(t *testing.T) { testConcurrency(t, open) })
 	t.Run("claims", func(t *testing.T) { testClaims(t, open) })
+	t.Run("sandbox_events", func(t *testing.T) { testSandboxEvents(t, open) })
 }
 
 // BenchmarkConsume measures ConsumeModelRequest on one capability with a
@@ -308,7 +309,7 @@ func sameEvents(tb testing.TB, what string, got, want []belay.Event) {
 	}
 	for i := range got {
 		g, w := got[i], want[i]
-		if g.Seq != w.Seq || g.Type != w.Type || !g.Time.Equal(w.Time) || !jsonEqual(g.Data, w.Data) {
+		if g.Seq != w.Seq || g.Type != w.Type || g.Source != w.Source || !g.Time.Equal(w.Time) || !jsonEqual(g.Data, w.Data) {
 			tb.Fatalf("%s: event %d = {%d %v %s %s}, want {%d %v %s %s}", what, i,
 				g.Seq, g.Time, g.Type, g.Data, w.Seq, w.Time, w.Type, w.Data)
 		}

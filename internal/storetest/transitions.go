@@ -50,7 +50,7 @@ func testTransitions(t *testing.T, open opener) {
 					}
 					sameRun(t, "GetRun after Transition", mustGet(t, s, id), got)
 					p := allEvents(t, s, id)
-					want := append(slices.Clone(beforeLog.Events), belay.Event{Seq: before.LastSeq + 1, Time: when, Type: tr.Events[0].Type, Data: tr.Events[0].Data})
+					want := append(slices.Clone(beforeLog.Events), belay.Event{Seq: before.LastSeq + 1, Time: when, Type: tr.Events[0].Type, Source: belay.SourceControl, Data: tr.Events[0].Data})
 					sameEvents(t, "log after Transition", p.Events, want)
 					if p.LastSeq != got.LastSeq || p.Terminal != to.Terminal() {
 						t.Fatalf("page after → %s: lastSeq %d terminal %v, want %d %v", to, p.LastSeq, p.Terminal, got.LastSeq, to.Terminal())
@@ -136,8 +136,8 @@ func testTransitions(t *testing.T, open opener) {
 			t.Fatalf("Transition: %v", err)
 		}
 		want := []belay.Event{
-			{Seq: 2, Time: at(7), Type: belay.EventRunStarted},
-			{Seq: 3, Time: at(8), Type: belay.EventSandboxReady},
+			{Seq: 2, Time: at(7), Type: belay.EventRunStarted, Source: belay.SourceControl},
+			{Seq: 3, Time: at(8), Type: belay.EventSandboxReady, Source: belay.SourceControl},
 		}
 		sameEvents(t, "events of the transition", allEvents(t, s, "run-time").Events[1:], want)
 		sameTime(t, "StartedAt", r.StartedAt, at(7))

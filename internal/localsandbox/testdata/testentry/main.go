@@ -5,11 +5,9 @@
 // process into out/report.json:
 //
 //	report ADDR   report uid, env, token files, and whether TCP to ADDR and
-//	              the events route on api.sock work; write the three outputs
+//	              the events route on api.sock work
 //	sleep         start `sleep 3600` in its process group, tell the control
 //	              plane it is ready (events route), then sleep
-//	symlink       make out/result.json a symbolic link to spec.json
-//	oversize      write a transcript one byte over the cap, a patch at it
 //	leak          print the tokens to stderr and exit 3
 //	mess          leave an unsearchable folder behind, then exit 0
 //	peek DIR      try to list DIR and read DIR/spec.json (another sandbox's
@@ -17,7 +15,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -117,9 +114,6 @@ func run(ws sandbox.Workspace) error {
 		for _, i := range ifs {
 			rep.Interfaces = append(rep.Interfaces, i.Name+" "+i.Flags.String())
 		}
-		if err := writeOutputs(out, spec.RunID); err != nil {
-			return err
-		}
 	case "sleep":
 		cmd := exec.Command("sleep", "3600")
 		if err := cmd.Start(); err != nil {
@@ -129,23 +123,6 @@ func run(ws sandbox.Workspace) error {
 			return fmt.Errorf("ready: %d %s", status, msg)
 		}
 		time.Sleep(time.Hour)
-	case "symlink":
-		if err := os.Symlink("../spec.json", filepath.Join(out, "result.json")); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(out, "patch.diff"), []byte("patch\n"), 0o644); err != nil {
-			return err
-		}
-	case "oversize":
-		if err := os.WriteFile(filepath.Join(out, "result.json"), []byte("{}"), 0o644); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(out, "patch.diff"), bytes.Repeat([]byte("p"), belay.MaxArtifactBytes), 0o644); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(out, "transcript.jsonl"), bytes.Repeat([]byte("t"), belay.MaxArtifactBytes+1), 0o644); err != nil {
-			return err
-		}
 	case "leak":
 		for name, tok := range tokens {
 			fmt.Fprintf(os.Stderr, "%s is %s\n", name, tok)
@@ -208,19 +185,3 @@ func postEvent(spec belay.SandboxSpec, tok string) (int, string) {
 	return resp.StatusCode, ""
 }
 
-func writeOutputs(out, runID string) error {
-	b, err := json.Marshal(belay.ResultBundle{Version: belay.ResultBundleVersion, RunID: runID, Status: belay.StatusCompleted})
-	if err != nil {
-		return err
-	}
-	for name, content := range map[string][]byte{
-		"result.json":      b,
-		"patch.diff":       []byte(""),
-		"transcript.jsonl": []byte(`{"role":"user"}` + "\n"),
-	} {
-		if err := os.WriteFile(filepath.Join(out, name), content, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
-}
