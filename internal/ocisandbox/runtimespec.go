@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"runtime"
 	"strconv"
 
 	"github.com/moby/profiles/seccomp"
@@ -159,6 +160,15 @@ func RuntimeSpec(p hardening.Profile, b Bundle) (*specs.Spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime spec: seccomp profile: %w", err)
 	}
+	if len(profile.Architectures) == 0 {
+		return nil, fmt.Errorf("runtime spec: Docker's seccomp profile has no architecture for %s", runtime.GOARCH)
+	}
+	// The native architecture only (the profile's first; Docker adds the
+	// 32-bit ones, x86 and x32 beside x86_64): nothing in the image uses
+	// another system call ABI, a call through one is refused outright
+	// instead of filtered, and libseccomp compiles a third of the filter
+	// at each start (about 25 ms of runc's CPU here).
+	profile.Architectures = profile.Architectures[:1]
 	s.Linux.Seccomp = profile
 	return s, nil
 }

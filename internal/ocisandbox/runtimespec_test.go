@@ -2,6 +2,7 @@ package ocisandbox_test
 
 import (
 	"encoding/json"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -178,6 +179,10 @@ func TestRuntimeSpecSeccomp(t *testing.T) {
 	sc := s.Linux.Seccomp
 	if sc == nil {
 		t.Fatal("no seccomp filter")
+	}
+	native := map[string]specs.Arch{"amd64": specs.ArchX86_64, "arm64": specs.ArchAARCH64}[runtime.GOARCH]
+	if len(sc.Architectures) != 1 || sc.Architectures[0] != native {
+		t.Errorf("architectures %v, want only the native %s (a call through another ABI is refused)", sc.Architectures, native)
 	}
 	if sc.DefaultAction != specs.ActErrno {
 		t.Errorf("default action = %s, want %s", sc.DefaultAction, specs.ActErrno)
