@@ -1,7 +1,10 @@
 // Package embedded is belay's one-machine control plane, the composition
 // root of `belay serve`: the same HTTP handler as on AWS, served by a plain
 // http.Server on loopback, over the SQLite store, the artifacts folder, the
-// in-process orchestrator and the local sandbox launcher. The store and the
+// in-process orchestrator and a local sandbox launcher: the sandbox image
+// under runc (internal/ocisandbox), or, only when the operator accepts
+// weaker isolation, the entry as a host subprocess (internal/localsandbox;
+// see chooseLauncher). The store and the
 // artifacts may instead be AWS's own adapters, a DynamoDB table and an S3
 // bucket (StorageConfig), with the rest unchanged. Main is what the
 // CLI runs and what end-to-end tests start on port 0 in a temporary
