@@ -77,10 +77,14 @@ trap 'exit 143' TERM
 say "starting belay serve on $BELAY_ADDR (data in $data)"
 bin/belay serve >"$data/serve.log" 2>&1 &
 server=$!
-for i in $(seq 1 100); do
+# The OCI launcher unpacks the sandbox image once per data directory
+# before belay serve listens: a few seconds on an idle machine, more on a
+# busy one.
+[[ ${BELAY_LAUNCHER:-oci} == oci ]] && echo "demo: unpacking the sandbox image into the fresh data directory first"
+for i in $(seq 1 1800); do
 	if bin/belay runs >/dev/null 2>&1; then break; fi
 	kill -0 "$server" 2>/dev/null || { echo "demo: belay serve exited during start-up" >&2; exit 1; }
-	[[ $i -eq 100 ]] && { echo "demo: belay serve did not answer within 10 s" >&2; exit 1; }
+	[[ $i -eq 1800 ]] && { echo "demo: belay serve did not answer within 3 minutes" >&2; exit 1; }
 	sleep 0.1
 done
 # What isolation each sandbox gets: belay serve's own list (printed just
