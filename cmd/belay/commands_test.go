@@ -221,6 +221,9 @@ func TestServeRefusesBadConfig(t *testing.T) {
 			[]string{"--launcher", "oci", "--allow-weak-isolation", "--sandbox-image", "/nonexistent/img.tar"}, "the OCI launcher cannot run here"},
 		{"unknown launcher", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel},
 			[]string{"--launcher", "docker"}, `"docker" is neither oci nor process`},
+		{"not an extension", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel},
+			[]string{"--allow-extension", "kt"}, `BELAY_EXTENSIONS (--allow-extension) "kt" is not an extension`},
+		{"empty check", map[string]string{embedded.EnvModel: "m"}, []string{"--allow-check", " "}, `--allow-check " " is empty`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

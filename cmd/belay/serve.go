@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
+	"strings"
 
+	"github.com/belay-dev/belay/internal/anthropic"
 	"github.com/belay-dev/belay/internal/embedded"
 )
 
@@ -35,6 +36,12 @@ an S3 one, when it is another). The table must exist, or pass
 --create-table; the bucket must exist. Serve one table from one belay at a
 time: at start it ends the runs a previous process left running.
 
+The model provider is OpenAI-compatible by default; --model-provider
+anthropic speaks Anthropic's Messages API (the key as for openai), and
+--model-provider bedrock Amazon Bedrock's Converse API, signed with the
+default AWS credentials (no key). The sandbox speaks chat completions to
+belay whichever it is.
+
 The provider key and the control-plane token are not flags, so they never
 show in a process listing: set BELAY_MODEL_API_KEY (or a key file) and
 BELAY_TOKEN in the environment.`
@@ -46,8 +53,13 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen `host:port` (BELAY_ADDR; default "+embedded.DefaultAddr+")")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory`: database, artifacts, token files (BELAY_DATA_DIR)")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "the one `model` runs may use (BELAY_MODEL)")
+	fs.StringVar(&cfg.Provider.Kind, "model-provider", cfg.Provider.Kind,
+		"the model provider: openai (any OpenAI-compatible API), anthropic or bedrock (BELAY_MODEL_PROVIDER; default openai)")
 	fs.StringVar(&cfg.ModelAPIURL, "model-api-url", cfg.ModelAPIURL,
-		"OpenAI-compatible chat-completions `URL`: https, or http to a loopback address (BELAY_MODEL_API_URL)")
+		"the provider's `URL`: openai, the chat-completions URL; anthropic, the API's base URL (default "+anthropic.DefaultBaseURL+
+			"); bedrock, an endpoint override; https, or http to a loopback address (BELAY_MODEL_API_URL)")
+	fs.StringVar(&cfg.Provider.BedrockRegion, "bedrock-region", cfg.Provider.BedrockRegion,
+		"AWS `region` of Bedrock (BELAY_BEDROCK_REGION; default AWS_REGION or the profile's)")
 	fs.StringVar(&cfg.ModelAPIKeyFile, "model-api-key-file", cfg.ModelAPIKeyFile,
 		"`file` holding the provider key, mode 0600 (BELAY_MODEL_API_KEY_FILE)")
 	fs.StringVar(&cfg.Launcher, "launcher", cfg.Launcher,
@@ -72,6 +84,9 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		"`URL` of a local AWS peer such as DynamoDB Local, instead of AWS (BELAY_AWS_ENDPOINT)")
 	fs.StringVar(&cfg.Storage.S3Endpoint, "s3-endpoint", cfg.Storage.S3Endpoint,
 		"`URL` of a local S3 peer (BELAY_S3_ENDPOINT; default --aws-endpoint)")
+	var extensions, checks stringList
+	fs.Var(&extensions, "allow-extension", "also accept uploaded files with this `extension`, such as .kt (repeatable; adds to BELAY_EXTENSIONS)")
+	fs.Var(&checks, "allow-check", "also allowlist this check `command`, split on spaces, such as \"go test ./...\" (repeatable; adds to BELAY_CHECKS)")
 	fs.StringVar(&cfg.Isolation, "isolation", "auto", "sandbox isolation: auto (all the machine allows) or none")
 	fs.IntVar(&cfg.EventBufferSize, "event-buffer", 0, "events kept per run (default 2000)")
 	fs.IntVar(&cfg.SandboxEventLimits.MaxEvents, "sandbox-events", cfg.SandboxEventLimits.MaxEvents,
@@ -82,6 +97,14 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		"bound on each stage of a graceful shutdown")
 	if _, err := parseExact(fs, args); err != nil {
 		return err
+	}
+	cfg.Limits.Extensions = append(cfg.Limits.Extensions, extensions...)
+	for _, c := range checks {
+		argv := strings.Fields(c)
+		if len(argv) == 0 {
+			return usagef("--allow-check %q is empty", c)
+		}
+		cfg.Limits.Checks = append(cfg.Limits.Checks, argv)
 	}
 	cfg.Logger = newLogger(e.stderr)
 
@@ -108,13 +131,7 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
 	endpoint := "http://" + m.Addr()
 	fmt.Fprintf(w, "belay %s serving on %s\n", version, endpoint)
-	upstream := "scripted session " + cfg.ScriptedModel
-	if cfg.ScriptedModel == "" {
-		if u, err := url.Parse(cfg.ModelAPIURL); err == nil {
-			upstream = u.Scheme + "://" + u.Host + u.Path
-		}
-	}
-	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), upstream)
+	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), m.Upstream())
 	fmt.Fprintf(w, "  data:       %s\n", m.DataDir())
 	runs, artifacts := m.Storage()
 	fmt.Fprintf(w, "  runs:       %s\n", runs)

@@ -72,8 +72,12 @@ type Config struct {
 	// Model is the one model runs may use.
 	Model string
 	// ModelAPIURL is the OpenAI-compatible chat-completions endpoint:
-	// https, or plain http to a loopback address.
+	// https, or plain http to a loopback address. With another
+	// Provider.Kind it is that provider's URL (see ProviderConfig).
 	ModelAPIURL string
+	// Provider chooses the model provider: OpenAI-compatible (the zero
+	// value), Anthropic or Bedrock.
+	Provider ProviderConfig
 	// ModelAPIKey is the provider key, or ModelAPIKeyFile a 0600 file
 	// holding it (re-read when the upstream refuses it). Not both.
 	ModelAPIKey     string
@@ -92,6 +96,9 @@ type Config struct {
 	// Storage chooses where runs and artifacts are kept; the zero value
 	// keeps both in DataDir.
 	Storage StorageConfig
+	// Limits adds the operator's extensions and checks to the reference
+	// run limits.
+	Limits LimitsConfig
 	// Isolation is passed to the process launcher: "auto" (the default)
 	// or "none".
 	Isolation string
@@ -154,6 +161,8 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		SandboxDir:      get(EnvSandboxDir),
 		ScriptedModel:   get(EnvScriptedModel),
 		Storage:         storageConfigFromEnv(get),
+		Limits:          limitsConfigFromEnv(get),
+		Provider:        providerConfigFromEnv(get),
 		SandboxEventLimits: belay.SandboxEventLimits{
 			MaxEvents: int(positiveFromEnv(get(EnvSandboxEvents))),
 			MaxBytes:  positiveFromEnv(get(EnvSandboxEventBytes)),
