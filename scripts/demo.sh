@@ -30,8 +30,18 @@ elif ! /usr/bin/python3 -m pytest --version >/dev/null 2>&1; then
 	exit 1
 fi
 
-# A fresh data directory for this demo only.
-data=$(mktemp -d /tmp/belay-demo.XXXXXX)
+# Not under /tmp: the process launcher refuses sandbox workspaces below a
+# folder a sandbox can write (a run could plant a conftest.py there for
+# later runs). As root under /var/lib, which the sandbox uids can pass
+# through (a home directory is often 0700); otherwise in this user's
+# runtime or cache directory.
+if [[ $(id -u) -eq 0 ]]; then
+	base=/var/lib
+else
+	base=${XDG_RUNTIME_DIR:-$HOME/.cache}
+	mkdir -p "$base"
+fi
+data=$(mktemp -d "$base/belay-demo.XXXXXX")
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export BELAY_DATA_DIR=$data
 export BELAY_ADDR=127.0.0.1:$port
@@ -93,7 +103,7 @@ done
 # apply all of it.
 for _ in $(seq 1 20); do grep -q '^  isolation:' "$data/serve.log" && break; sleep 0.1; done
 grep -E '^  (launcher|image|sandbox|WARNING): ' "$data/serve.log" || true
-awk '/^  isolation:/ {p = 1; print; next} p && /^    - / {print; next} {p = 0}' "$data/serve.log"
+awk '/^  (isolation|not applied):/ {p = 1; print; next} p && /^    - / {print; next} {p = 0}' "$data/serve.log"
 grep -o '"msg":"local sandbox: [^"]*"' "$data/serve.log" | sed 's/^"msg":"/  warning: /; s/"$//' || true
 
 say "belay run examples/calc --allow calc.py --check 'python3 -m pytest -q' --follow"

@@ -179,7 +179,7 @@ func TestServe(t *testing.T) {
 	out := stdout.String()
 	for _, want := range []string{"model:      belay-scripted, through scripted session", "token:      from BELAY_TOKEN",
 		"launcher:   process (chosen by BELAY_LAUNCHER (--launcher)", "WARNING:    weaker isolation accepted: the process launcher",
-		"isolation:\n    - ", "empty environment", "clients:    export BELAY_ENDPOINT=" + endpoint, "belay: stopped"} {
+		"isolation:\n    - ", "empty environment", "not applied:\n    - ", "a private /tmp", "clients:    export BELAY_ENDPOINT=" + endpoint, "belay: stopped"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("belay serve's output lacks %q:\n%s", want, out)
 		}

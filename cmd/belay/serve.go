@@ -51,7 +51,8 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 	cfg := embedded.ConfigFromEnv(e.lookup)
 	fs := newFlagSet(e, "serve", "[flags]", serveDoc)
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen `host:port` (BELAY_ADDR; default "+embedded.DefaultAddr+")")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory`: database, artifacts, token files (BELAY_DATA_DIR)")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir,
+		"data `directory`: database, artifacts, token files (BELAY_DATA_DIR; as root "+embedded.DefaultRootDataDir+", else ~/.local/share/belay)")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "the one `model` runs may use (BELAY_MODEL)")
 	fs.StringVar(&cfg.Provider.Kind, "model-provider", cfg.Provider.Kind,
 		"the model provider: openai (any OpenAI-compatible API), anthropic or bedrock (BELAY_MODEL_PROVIDER; default openai)")
@@ -71,7 +72,8 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&cfg.SandboxBin, "sandbox-bin", cfg.SandboxBin,
 		"the process launcher's sandbox entry `binary` (BELAY_SANDBOX_BIN; default belay-sandbox beside belay, else on PATH)")
 	fs.StringVar(&cfg.SandboxDir, "sandbox-dir", cfg.SandboxDir,
-		"`directory` of the sandbox workspaces (BELAY_SANDBOX_DIR; default <data dir>/sandboxes)")
+		"`directory` of the sandbox workspaces, below no folder a sandbox may write (BELAY_SANDBOX_DIR; default <data dir>/sandboxes, "+
+			embedded.DefaultRootSandboxDir+" beside "+embedded.DefaultRootDataDir+")")
 	fs.StringVar(&cfg.ScriptedModel, "scripted-model", cfg.ScriptedModel,
 		"serve this scripted model session `file` as the upstream, for offline demos (BELAY_SCRIPTED_MODEL)")
 	fs.StringVar(&cfg.Storage.Store, "store", cfg.Storage.Store,
@@ -133,6 +135,7 @@ func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
 	fmt.Fprintf(w, "belay %s serving on %s\n", version, endpoint)
 	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), m.Upstream())
 	fmt.Fprintf(w, "  data:       %s\n", m.DataDir())
+	fmt.Fprintf(w, "  sandboxes:  %s\n", m.SandboxDir())
 	runs, artifacts := m.Storage()
 	fmt.Fprintf(w, "  runs:       %s\n", runs)
 	fmt.Fprintf(w, "  artifacts:  %s\n", artifacts)
@@ -152,6 +155,12 @@ func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
 	fmt.Fprintln(w, "  isolation:")
 	for _, s := range m.Isolation() {
 		fmt.Fprintf(w, "    - %s\n", s)
+	}
+	if missing := m.NotApplied(); len(missing) > 0 {
+		fmt.Fprintln(w, "  not applied:")
+		for _, s := range missing {
+			fmt.Fprintf(w, "    - %s\n", s)
+		}
 	}
 	if endpoint != defaultEndpoint {
 		fmt.Fprintf(w, "  clients:    export %s=%s\n", envEndpoint, endpoint)

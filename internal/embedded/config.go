@@ -4,12 +4,14 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/localsandbox"
 )
 
 // The environment variables `belay serve` reads (DESIGN.md "Embedded
@@ -59,6 +61,20 @@ const (
 	ociDir = "oci"
 )
 
+// Where `belay serve` keeps its data as root when BELAY_DATA_DIR is not
+// set: system locations rather than root's home, which is 0700 and so out
+// of the sandbox uids' reach.
+const (
+	// DefaultRootDataDir holds the database, artifacts and secrets; it
+	// stays 0700.
+	DefaultRootDataDir = "/var/lib/belay"
+	// DefaultRootSandboxDir holds the sandbox workspaces of a data
+	// directory at DefaultRootDataDir: root's, 0711, so the sandbox uids
+	// reach their own workspace and nothing else, below folders only
+	// root can write.
+	DefaultRootSandboxDir = localsandbox.DefaultRootWorkRoot
+)
+
 // Config is the embedded control plane's configuration: what `belay serve`
 // takes from flags and the environment. Model, and the upstream (URL and
 // key, or ScriptedModel) are required; the rest have defaults.
@@ -67,7 +83,8 @@ type Config struct {
 	// free port (see Main.Addr).
 	Addr string
 	// DataDir holds the database, artifacts, token files and, by default,
-	// the sandbox workspaces; DefaultDataDir when empty.
+	// the sandbox workspaces (not at DefaultRootDataDir); DefaultDataDir
+	// when empty.
 	DataDir string
 	// Model is the one model runs may use.
 	Model string
@@ -89,9 +106,11 @@ type Config struct {
 	// empty, belay-sandbox beside the running executable, else on PATH.
 	// (The OCI launcher runs the entry in the image.)
 	SandboxBin string
-	// SandboxDir holds one workspace per running sandbox;
-	// <DataDir>/sandboxes when empty. As root, the sandbox user must be
-	// able to search every directory above it.
+	// SandboxDir holds one workspace per running sandbox; when empty,
+	// DefaultRootSandboxDir for the data directory DefaultRootDataDir,
+	// else <DataDir>/sandboxes. As root, the sandbox users must be able
+	// to search every directory above it and write none of them (see
+	// localsandbox.Config.WorkRoot).
 	SandboxDir string
 	// Storage chooses where runs and artifacts are kept; the zero value
 	// keeps both in DataDir.
@@ -187,12 +206,20 @@ func positiveFromEnv(v string) int64 {
 	return n
 }
 
-// DefaultDataDir returns BELAY_DATA_DIR, else $XDG_DATA_HOME/belay, else
+// DefaultDataDir returns BELAY_DATA_DIR; else, as root,
+// DefaultRootDataDir; else $XDG_DATA_HOME/belay, else
 // ~/.local/share/belay, or "" when none of HOME and XDG_DATA_HOME is set.
 // The server and the CLI both call it, so they agree on where the token is.
 func DefaultDataDir(lookup func(string) (string, bool)) string {
+	return defaultDataDir(lookup, os.Geteuid())
+}
+
+func defaultDataDir(lookup func(string) (string, bool), euid int) string {
 	if v, ok := lookup(EnvDataDir); ok && strings.TrimSpace(v) != "" {
 		return strings.TrimSpace(v)
+	}
+	if euid == 0 {
+		return DefaultRootDataDir
 	}
 	if v, ok := lookup("XDG_DATA_HOME"); ok && filepath.IsAbs(v) {
 		return filepath.Join(v, "belay")

@@ -61,16 +61,18 @@ type Main struct {
 	streams   context.Context
 	endStream context.CancelFunc
 
-	mu        sync.Mutex
-	started   bool
-	addr      string
-	isolation []string
-	runErr    error
+	mu         sync.Mutex
+	started    bool
+	addr       string
+	isolation  []string
+	notApplied []string
+	runErr     error
 }
 
 // New checks cfg, fills in its defaults and prepares the data directory:
 // created 0700 (0711 when, as root, the sandbox workspaces are inside it, so
-// the unprivileged sandbox user can pass through), with a control-plane
+// the unprivileged sandbox users can pass through; with root's defaults,
+// DefaultRootDataDir and DefaultRootSandboxDir, they are not), with a control-plane
 // token in control-token unless cfg.Token is set, and a run-token signing
 // key in signing-key, both 0600 and written on first start only. A missing
 // or invalid setting is an error that names its environment variable.
@@ -137,6 +139,11 @@ func New(cfg Config) (*Main, error) {
 	}
 	if cfg.SandboxDir == "" {
 		cfg.SandboxDir = filepath.Join(cfg.DataDir, sandboxesDir)
+		if cfg.DataDir == DefaultRootDataDir {
+			// Root's defaults: the data directory stays owner-only,
+			// the workspaces are beside it.
+			cfg.SandboxDir = DefaultRootSandboxDir
+		}
 	}
 	if cfg.SandboxDir, err = filepath.Abs(cfg.SandboxDir); err != nil {
 		return nil, fmt.Errorf("%s (--sandbox-dir): %w", EnvSandboxDir, err)
@@ -191,6 +198,9 @@ func (m *Main) TokenFile() string { return m.tokenFile }
 // DataDir returns the data directory in use.
 func (m *Main) DataDir() string { return m.cfg.DataDir }
 
+// SandboxDir returns the directory of the sandbox workspaces.
+func (m *Main) SandboxDir() string { return m.cfg.SandboxDir }
+
 // Model returns the one model runs may use.
 func (m *Main) Model() string { return m.cfg.Model }
 
@@ -223,6 +233,15 @@ func (m *Main) Isolation() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return append([]string(nil), m.isolation...)
+}
+
+// NotApplied lists the isolation measures no sandbox gets, once Ready is
+// closed: what the machine did not allow, and what a local process cannot
+// have (localsandbox.WeakIsolation).
+func (m *Main) NotApplied() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.notApplied...)
 }
 
 // Run opens the store, ends what a previous process left running
@@ -346,25 +365,36 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		m.log.Error("recover runs left by an earlier start", "err", err)
 	}
 
-	ln, err := net.Listen("tcp", m.cfg.Addr)
+	// Enough descriptors, and a cap on connections below them: a flood of
+	// idle connections must not keep an authorised request out.
+	files, err := raiseFileLimit()
+	if err != nil {
+		m.log.Warn("could not raise the open-file limit to its hard limit", "limit", files, "err", err.Error())
+	}
+	tcp, err := net.Listen("tcp", m.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s (%s, --addr): %w", m.cfg.Addr, EnvAddr, err)
 	}
+	ln := newConnLimiter(tcp, connectionCap(files), m.log, m.now)
 	srv := &http.Server{
-		Handler:           m.endStreamsOnShutdown(api),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		Handler:           ln.track(m.endStreamsOnShutdown(api)),
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    64 << 10,
+		ConnState:         ln.connState,
+		ConnContext:       ln.connContext,
 		ErrorLog:          slog.NewLogLogger(m.log.Handler(), slog.LevelWarn),
 	}
 	m.mu.Lock()
 	m.addr = ln.Addr().String()
 	m.isolation = launcher.Isolation()
+	m.notApplied = launcher.NotApplied()
 	m.mu.Unlock()
 	if host, _, _ := net.SplitHostPort(m.addr); !httpapi.IsLoopbackHost(host) {
 		m.log.Warn("listening beyond loopback over plain HTTP: the control-plane token crosses the network in clear; put TLS in front", "addr", m.addr)
 	}
-	m.log.Info("belay control plane listening", "addr", m.addr, "data_dir", m.cfg.DataDir, "model", m.cfg.Model)
+	m.log.Info("belay control plane listening", "addr", m.addr, "data_dir", m.cfg.DataDir, "model", m.cfg.Model,
+		"open_file_limit", files, "max_connections", ln.max)
 	readyOnce()
 
 	served := make(chan error, 1)

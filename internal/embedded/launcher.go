@@ -183,10 +183,12 @@ func parseBool(v string) bool {
 	return false
 }
 
-// isolatingLauncher is a launcher that says how it isolates sandboxes.
+// isolatingLauncher is a launcher that says how it isolates sandboxes,
+// and what it could not apply.
 type isolatingLauncher interface {
 	belay.Launcher
 	Isolation() []string
+	NotApplied() []string
 }
 
 // newLauncher builds the chosen launcher, serving internal to each

@@ -227,6 +227,10 @@ func (l *Launcher) Isolation() []string {
 	}
 }
 
+// NotApplied lists the isolation measures this launcher could not apply:
+// none; New fails instead.
+func (l *Launcher) NotApplied() []string { return nil }
+
 // Image returns the image the launcher runs.
 func (l *Launcher) Image() *Image { return l.image }
 

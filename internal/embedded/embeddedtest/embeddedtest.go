@@ -16,6 +16,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/embedded"
 	"github.com/belay-dev/belay/internal/ocisandbox/ocisandboxtest"
+	"github.com/belay-dev/belay/internal/sandbox/workspace/workspacetest"
 )
 
 // Logs collects a Main's log output from concurrent goroutines, so a test
@@ -61,19 +62,12 @@ func ModuleRoot(tb testing.TB) string {
 
 // SandboxDir returns a new, short directory for sandbox workspaces: a Unix
 // socket path inside it must stay under 108 bytes, and as root the
-// unprivileged sandbox user must be able to search it (mode 0711, in the
-// world-searchable temporary directory). It is removed when the test ends.
+// unprivileged sandbox users must be able to search it (mode 0711) while
+// no folder above it is writable by them, so it is not in /tmp (see
+// workspacetest.Dir). It is removed when the test ends.
 func SandboxDir(tb testing.TB) string {
 	tb.Helper()
-	dir, err := os.MkdirTemp("", "bsx")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o711); err != nil {
-		tb.Fatal(err)
-	}
-	return dir
+	return workspacetest.Dir(tb, "bsx")
 }
 
 // InertSandbox returns an executable that exits at once with status 64,
