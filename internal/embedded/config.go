@@ -56,6 +56,9 @@ const (
 	databaseFile   = "belay.db"
 	artifactsDir   = "artifacts"
 	sandboxesDir   = "sandboxes"
+	// ociDir holds the OCI launcher's state: runc's, and the unpacked
+	// images (images/).
+	ociDir = "oci"
 )
 
 // Where `belay serve` keeps its data as root when BELAY_DATA_DIR is not
@@ -99,8 +102,9 @@ type Config struct {
 	// Token is the control-plane token. When empty, the token in
 	// <DataDir>/control-token is used, created on first start.
 	Token string
-	// SandboxBin is the sandbox entry binary; when empty, belay-sandbox
-	// beside the running executable, else on PATH.
+	// SandboxBin is the process launcher's sandbox entry binary; when
+	// empty, belay-sandbox beside the running executable, else on PATH.
+	// (The OCI launcher runs the entry in the image.)
 	SandboxBin string
 	// SandboxDir holds one workspace per running sandbox; when empty,
 	// DefaultRootSandboxDir for the data directory DefaultRootDataDir,
@@ -114,9 +118,22 @@ type Config struct {
 	// Limits adds the operator's extensions and checks to the reference
 	// run limits.
 	Limits LimitsConfig
-	// Isolation is passed to the local launcher: "auto" (the default) or
-	// "none".
+	// Isolation is passed to the process launcher: "auto" (the default)
+	// or "none".
 	Isolation string
+	// Launcher is LauncherOCI or LauncherProcess; empty picks LauncherOCI
+	// when runc, the image and root are there, else the process launcher
+	// if AllowWeakIsolation accepts it (see chooseLauncher).
+	Launcher string
+	// AllowWeakIsolation accepts the process launcher's weaker isolation
+	// (WeakIsolation says what it lacks).
+	AllowWeakIsolation bool
+	// SandboxImage is the OCI launcher's sandbox image (an OCI archive);
+	// when empty, SandboxImageName beside the running executable.
+	SandboxImage string
+	// ImageCache is where the OCI launcher unpacks images, one folder per
+	// digest; <DataDir>/oci/images when empty. Tests share one.
+	ImageCache string
 	// EventBufferSize is how many events each run keeps; the store's
 	// default when zero.
 	EventBufferSize int
@@ -169,6 +186,9 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 			MaxEvents: int(positiveFromEnv(get(EnvSandboxEvents))),
 			MaxBytes:  positiveFromEnv(get(EnvSandboxEventBytes)),
 		},
+		Launcher:           get(EnvLauncher),
+		SandboxImage:       get(EnvSandboxImage),
+		AllowWeakIsolation: parseBool(get(EnvAllowWeakIsolation)),
 	}
 }
 

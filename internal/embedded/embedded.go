@@ -1,7 +1,10 @@
 // Package embedded is belay's one-machine control plane, the composition
 // root of `belay serve`: the same HTTP handler as on AWS, served by a plain
 // http.Server on loopback, over the SQLite store, the artifacts folder, the
-// in-process orchestrator and the local sandbox launcher. The store and the
+// in-process orchestrator and a local sandbox launcher: the sandbox image
+// under runc (internal/ocisandbox), or, only when the operator accepts
+// weaker isolation, the entry as a host subprocess (internal/localsandbox;
+// see chooseLauncher). The store and the
 // artifacts may instead be AWS's own adapters, a DynamoDB table and an S3
 // bucket (StorageConfig), with the rest unchanged. Main is what the
 // CLI runs and what end-to-end tests start on port 0 in a temporary
@@ -25,7 +28,6 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
-	"github.com/belay-dev/belay/internal/localsandbox"
 	"github.com/belay-dev/belay/internal/orchestrator"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/secrets"
@@ -49,6 +51,7 @@ type Main struct {
 	apiKey     secrets.Source
 	script     *scriptedmodel.Script
 	sandboxBin string
+	launcher   launcherChoice
 	limits     belay.Limits
 
 	ready     chan struct{}
@@ -116,11 +119,14 @@ func New(cfg Config) (*Main, error) {
 	if cfg.Token != "" && len(cfg.Token) < httpapi.MinControlTokenLen {
 		return nil, fmt.Errorf("%s is shorter than %d characters; use a long random value (or unset it to have one generated)", EnvToken, httpapi.MinControlTokenLen)
 	}
-	bin, err := findSandboxBin(cfg.SandboxBin, os.Executable, exec.LookPath)
-	if err != nil {
+	if m.launcher, err = chooseLauncher(cfg, thisMachine()); err != nil {
 		return nil, err
 	}
-	m.sandboxBin = bin
+	if m.launcher.kind == LauncherProcess {
+		if m.sandboxBin, err = findSandboxBin(cfg.SandboxBin, os.Executable, exec.LookPath); err != nil {
+			return nil, err
+		}
+	}
 
 	if cfg.DataDir == "" {
 		// The same rule the CLI follows to find the token file.
@@ -143,7 +149,9 @@ func New(cfg Config) (*Main, error) {
 		return nil, fmt.Errorf("%s (--sandbox-dir): %w", EnvSandboxDir, err)
 	}
 	perm := os.FileMode(0o700)
-	if os.Geteuid() == 0 && strings.HasPrefix(cfg.SandboxDir, cfg.DataDir+string(filepath.Separator)) {
+	// The process launcher's sandbox uids pass through the data directory
+	// to their workspaces; the OCI launcher mounts them instead.
+	if m.launcher.kind == LauncherProcess && os.Geteuid() == 0 && strings.HasPrefix(cfg.SandboxDir, cfg.DataDir+string(filepath.Separator)) {
 		perm = 0o711
 	}
 	if err := prepareDataDir(cfg.DataDir, perm); err != nil {
@@ -196,8 +204,17 @@ func (m *Main) SandboxDir() string { return m.cfg.SandboxDir }
 // Model returns the one model runs may use.
 func (m *Main) Model() string { return m.cfg.Model }
 
-// SandboxBin returns the sandbox entry binary in use.
+// SandboxBin returns the sandbox entry binary the process launcher
+// starts, or "" with the OCI launcher (the entry is in the image).
 func (m *Main) SandboxBin() string { return m.sandboxBin }
+
+// Launcher returns the launcher sandboxes run with (LauncherOCI or
+// LauncherProcess) and why it was chosen.
+func (m *Main) Launcher() (kind, why string) { return m.launcher.kind, m.launcher.why }
+
+// SandboxImage returns the OCI launcher's image archive, or "" with the
+// process launcher.
+func (m *Main) SandboxImage() string { return m.launcher.image }
 
 // Ready is closed once Run listens (Addr is then set) or has failed.
 func (m *Main) Ready() <-chan struct{} { return m.ready }
@@ -295,17 +312,11 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	internal := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		api.InternalHandler().ServeHTTP(w, r)
 	})
-	launcher, err := localsandbox.New(localsandbox.Config{
-		EntryPath: m.sandboxBin,
-		WorkRoot:  m.cfg.SandboxDir,
-		Internal:  internal,
-		Isolation: m.cfg.Isolation,
-		Logger:    m.log,
-		Now:       m.now,
-	})
+	launcher, closeLauncher, err := m.newLauncher(internal)
 	if err != nil {
-		return fmt.Errorf("%w (set %s or --sandbox-dir to move the sandbox workspaces)", err, EnvSandboxDir)
+		return err
 	}
+	cleanups = append(cleanups, closeLauncher)
 	orch, err := orchestrator.New(orchestrator.Config{
 		Store:     store,
 		Artifacts: artifacts,
