@@ -24,7 +24,9 @@ require (
 	github.com/cdklabs/cdk-nag-go/cdknag/v2 v2.38.2
 	github.com/google/go-containerregistry v0.22.1
 	github.com/johannesboyne/gofakes3 v1.2.0
+	github.com/moby/profiles/seccomp v0.3.0
 	github.com/openai/openai-go/v3 v3.98.0
+	github.com/opencontainers/runtime-spec v1.2.1
 	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.50.0
 	modernc.org/sqlite v1.62.0
