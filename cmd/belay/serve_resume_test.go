@@ -24,6 +24,7 @@ import (
 	"github.com/belay-dev/belay/internal/embedded/embeddedtest"
 	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/localdir"
+	"github.com/belay-dev/belay/internal/ocisandbox/ocisandboxtest"
 	"github.com/belay-dev/belay/internal/orchestrator"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/wire"
@@ -127,9 +128,18 @@ func unusedPort(tb testing.TB) string {
 // run's events across both processes (reconnecting with Last-Event-ID),
 // and the log it read has no gap and no duplicate.
 func TestServeKilledMidRunResumes(t *testing.T) {
-	t.Logf("%v building", time.Now().Format(time.TimeOnly))
 	bin := buildServeBinaries(t)
-	t.Logf("%v built", time.Now().Format(time.TimeOnly))
+	// belay serve's default launcher (OCI: the image make test builds,
+	// under runc), and the process launcher.
+	t.Run("oci", func(t *testing.T) {
+		testServeKilledMidRunResumes(t, bin, "--sandbox-image", ocisandboxtest.Image(t))
+	})
+	t.Run("process", func(t *testing.T) {
+		testServeKilledMidRunResumes(t, bin, "--launcher", "process", "--allow-weak-isolation")
+	})
+}
+
+func testServeKilledMidRunResumes(t *testing.T, bin string, launcher ...string) {
 	data := filepath.Join(t.TempDir(), "data")
 	sandboxes := embeddedtest.SandboxDir(t)
 	script := scriptedmodel.Script{Name: "restart", Steps: []scriptedmodel.Step{
@@ -146,8 +156,11 @@ func TestServeKilledMidRunResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := unusedPort(t)
-	args := []string{"--addr", addr, "--data-dir", data, "--sandbox-dir", sandboxes, "--scripted-model", scriptFile}
+	args := append([]string{"--addr", addr, "--data-dir", data, "--sandbox-dir", sandboxes, "--scripted-model", scriptFile}, launcher...)
 	first := startServeBinary(t, bin, args...)
+	if launcher[0] == "--sandbox-image" && !strings.Contains(first.out.String(), "launcher:   oci") {
+		t.Fatalf("belay serve does not say it runs the OCI launcher:\n%s", first.out.String())
+	}
 
 	tok, err := os.ReadFile(filepath.Join(data, embedded.ControlTokenFile))
 	if err != nil {

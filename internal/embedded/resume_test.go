@@ -15,6 +15,9 @@ import (
 
 	"github.com/belay-dev/belay/internal/agent"
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/embedded"
+	"github.com/belay-dev/belay/internal/embedded/embeddedtest"
+	"github.com/belay-dev/belay/internal/hardening"
 	"github.com/belay-dev/belay/internal/localdir"
 	"github.com/belay-dev/belay/internal/orchestrator"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
@@ -27,13 +30,60 @@ import (
 // control plane resumes the run on a new sandbox from its latest
 // checkpoint (DESIGN.md "Checkpoints and resume").
 
+// startResume starts a control plane whose upstream is p and whose
+// sandboxes run under launcher: the OCI launcher (belay serve's default:
+// the image under runc, as make test builds it) or the process launcher.
+func startResume(tb testing.TB, p *provider, launcher string, edits ...func(*embedded.Config)) plane {
+	tb.Helper()
+	use := func(c *embedded.Config) {
+		if launcher == embedded.LauncherOCI {
+			embeddedtest.OCI(tb, c)
+		}
+	}
+	pl := startWith(tb, p, nil, "", append([]func(*embedded.Config){use}, edits...)...)
+	if kind, _ := pl.m.Launcher(); kind != launcher {
+		tb.Fatalf("the control plane runs the %s launcher, want %s", kind, launcher)
+	}
+	return pl
+}
+
+// sandboxEntry finds the live sandbox entry of the run on the host: the
+// container's init (its pid file) under the OCI launcher, the process
+// started with the run's workspace under the process launcher. It waits
+// for one to be there.
+func sandboxEntry(tb testing.TB, pl plane, runID string) liveEntry {
+	tb.Helper()
+	if pl.cfg.Launcher != embedded.LauncherOCI {
+		return findEntry(tb, pl.cfg.SandboxDir, runID)
+	}
+	for deadline := time.Now().Add(runDeadline); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		files, _ := filepath.Glob(filepath.Join(pl.cfg.SandboxDir, runID+"-*", "pid"))
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				continue
+			}
+			if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(stat), ") Z ") {
+				return liveEntry{pid: pid}
+			}
+		}
+	}
+	tb.Fatalf("no live sandbox of run %s under %s", runID, pl.cfg.SandboxDir)
+	return liveEntry{}
+}
+
 // killSandbox SIGKILLs the whole process tree of the run's live sandbox:
 // every process in the entry's PID namespace when it has one of its own
-// (root's isolation, where the entry is the namespace's init), otherwise
-// the entry and every process working in its workspace.
-func killSandbox(tb testing.TB, sandboxDir, runID string) {
+// (the entry is the namespace's init, under runc and under the process
+// launcher as root), and otherwise the entry and every process working in
+// its workspace.
+func killSandbox(tb testing.TB, pl plane, runID string) {
 	tb.Helper()
-	entry := findEntry(tb, sandboxDir, runID)
+	entry := sandboxEntry(tb, pl, runID)
 	ns := func(pid int) string {
 		l, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
 		return l
@@ -50,7 +100,7 @@ func killSandbox(tb testing.TB, sandboxDir, runID string) {
 			continue
 		}
 		inWorkspace := false
-		if cwd, err := os.Readlink(filepath.Join("/proc", d.Name(), "cwd")); err == nil {
+		if cwd, err := os.Readlink(filepath.Join("/proc", d.Name(), "cwd")); err == nil && entry.workspace != "" {
 			inWorkspace = strings.HasPrefix(cwd, entry.workspace+"/")
 		}
 		if (theirs != own && theirs != "" && ns(pid) == theirs) || inWorkspace {
@@ -192,14 +242,22 @@ func resumeRequest(tb testing.TB, maxSteps int) belay.RunRequest {
 // once, and no second approval is asked), the file written before the kill
 // and the counter line are in the final patch, and the run completes.
 func TestResumeAfterSandboxKilledMidCommand(t *testing.T) {
-	t.Parallel()
+	for _, launcher := range []string{embedded.LauncherOCI, embedded.LauncherProcess} {
+		t.Run(launcher, func(t *testing.T) {
+			t.Parallel()
+			testResumeAfterSandboxKilledMidCommand(t, launcher)
+		})
+	}
+}
+
+func testResumeAfterSandboxKilledMidCommand(t *testing.T, launcher string) {
 	script := scriptedmodel.Script{Name: "killed mid-command", Steps: []scriptedmodel.Step{
 		step("edit_file", map[string]string{"path": "calc.py", "old": "return a - b", "new": "return a + b"}),
 		step("shell", map[string]string{"command": "echo ran >> counter.txt && sleep 300"}),
 		finish("Fixed add; the long command was interrupted."),
 	}}
 	p := newProvider(t, script, 0)
-	pl := startWith(t, p, nil, "")
+	pl := startResume(t, p, launcher)
 	ctx := context.Background()
 	created, err := pl.c.CreateRun(ctx, resumeRequest(t, 8), "")
 	if err != nil {
@@ -221,7 +279,7 @@ func TestResumeAfterSandboxKilledMidCommand(t *testing.T) {
 		return r.Checkpoint != nil && r.Checkpoint.Pending == "shell" &&
 			checkpointHolds(t, pl.cfg.DataDir, id, r.Checkpoint, "counter.txt", "start\nran\n")
 	})
-	killSandbox(t, pl.cfg.SandboxDir, id)
+	killSandbox(t, pl, id)
 
 	events, run := pl.finished(t, id)
 	if run.Status != belay.StatusCompleted {
@@ -286,7 +344,7 @@ func TestSandboxLostOnEveryAttempt(t *testing.T) {
 	sleeps := step("shell", map[string]string{"command": "sleep 300"})
 	script := scriptedmodel.Script{Name: "killed each time", Steps: []scriptedmodel.Step{sleeps, sleeps, sleeps, sleeps, finish("never reached")}}
 	p := newProvider(t, script, 0)
-	pl := startWith(t, p, nil, "")
+	pl := startResume(t, p, embedded.LauncherOCI)
 	ctx := context.Background()
 	req := resumeRequest(t, 6)
 	req.Approval = belay.ApprovalConfig{Policy: belay.PolicyAllowList, Allow: []string{"shell"}}
@@ -300,7 +358,7 @@ func TestSandboxLostOnEveryAttempt(t *testing.T) {
 		waitView(t, pl, id, fmt.Sprintf("a checkpoint of attempt %d", attempt), func(r wire.RunView) bool {
 			return r.Checkpoint != nil && r.Checkpoint.Attempt == attempt && r.Checkpoint.Pending == "shell"
 		})
-		killSandbox(t, pl.cfg.SandboxDir, id)
+		killSandbox(t, pl, id)
 	}
 	events, run := pl.finished(t, id)
 	want := "sandbox killed on attempt 3; gave up after 3 attempts (2 resumes, the limit)"
@@ -359,7 +417,7 @@ func TestResumedTwiceStaysInBudget(t *testing.T) {
 			killed <- struct{}{}
 		}
 	}
-	pl := startWith(t, p, nil, "")
+	pl := startResume(t, p, embedded.LauncherOCI)
 	ctx := context.Background()
 	req := resumeRequest(t, maxSteps)
 	created, err := pl.c.CreateRun(ctx, req, "")
@@ -368,7 +426,7 @@ func TestResumedTwiceStaysInBudget(t *testing.T) {
 	}
 	id := created.RunID
 	mu.Lock()
-	kill = func() { killSandbox(t, pl.cfg.SandboxDir, id) }
+	kill = func() { killSandbox(t, pl, id) }
 	mu.Unlock()
 
 	events, run := pl.finished(t, id)
@@ -398,7 +456,7 @@ func TestCancelDuringAResume(t *testing.T) {
 		finish("never reached"),
 	}}
 	p := newProvider(t, script, 0)
-	pl := startWith(t, p, nil, "")
+	pl := startResume(t, p, embedded.LauncherOCI)
 	ctx := context.Background()
 	created, err := pl.c.CreateRun(ctx, resumeRequest(t, 6), "")
 	if err != nil {
@@ -406,7 +464,7 @@ func TestCancelDuringAResume(t *testing.T) {
 	}
 	id := created.RunID
 	waitView(t, pl, id, "a checkpoint", func(r wire.RunView) bool { return r.Checkpoint != nil && r.Checkpoint.Pending == "" })
-	killSandbox(t, pl.cfg.SandboxDir, id)
+	killSandbox(t, pl, id)
 	awaitEvent(t, pl.c, id, func(e belay.Event) bool { return e.Type == belay.EventRunResumed })
 	if _, err := pl.c.Cancel(ctx, id); err != nil {
 		t.Fatal(err)
@@ -432,4 +490,76 @@ func slicesEqual(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// TestResumeAfterAnOOMKill: the kernel's OOM killer ends the sandbox at its
+// memory limit (the OCI launcher's cgroup, as Fargate stops a task that
+// goes past its memory): a command allocates past the limit while the
+// entry is the process the killer picks. The test arranges that from the
+// host, as root, by raising the entry's OOM score to the most once the
+// command's shell has started (so the allocation the shell starts does not
+// inherit it), and the kill takes the whole sandbox rather than the
+// command alone. The run resumes, the command comes back interrupted, and the run
+// completes; the lost attempt says "sandbox out of memory".
+func TestResumeAfterAnOOMKill(t *testing.T) {
+	t.Parallel()
+	alloc := fmt.Sprintf("sleep 6 && python3 -c 'b = bytearray(%d << 20); print(len(b))'", hardening.Sandbox.MemoryMiB+512)
+	script := scriptedmodel.Script{Name: "out of memory", Steps: []scriptedmodel.Step{
+		step("edit_file", map[string]string{"path": "calc.py", "old": "return a - b", "new": "return a + b"}),
+		step("shell", map[string]string{"command": alloc}),
+		finish("Fixed add; the command ran out of memory."),
+	}}
+	p := newProvider(t, script, 0)
+	pl := startResume(t, p, embedded.LauncherOCI)
+	ctx := context.Background()
+	req := resumeRequest(t, 4)
+	req.Approval = belay.ApprovalConfig{Policy: belay.PolicyAllowList, Allow: []string{"shell"}}
+	created, err := pl.c.CreateRun(ctx, req, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.RunID
+	waitView(t, pl, id, "the command running", func(r wire.RunView) bool { return r.Checkpoint != nil && r.Checkpoint.Pending == "shell" })
+	entry := sandboxEntry(t, pl, id)
+	setScore := func(pid int, score string) {
+		if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(score), 0o644); err != nil {
+			t.Fatalf("set the OOM score of %d: %v", pid, err)
+		}
+	}
+	entryNS, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", entry.pid))
+	shells := 0
+	for deadline := time.Now().Add(4 * time.Second); shells == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		procs, _ := os.ReadDir("/proc")
+		for _, d := range procs {
+			pid, err := strconv.Atoi(d.Name())
+			if err != nil || pid == entry.pid {
+				continue
+			}
+			cmdline, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+			if l, _ := os.Readlink(filepath.Join("/proc", d.Name(), "ns", "pid")); l == entryNS && strings.Contains(string(cmdline), "bytearray") {
+				shells++
+			}
+		}
+	}
+	if shells == 0 {
+		t.Fatal("the command's shell never ran in the sandbox")
+	}
+	// Raising a score needs no privilege beyond writing the file.
+	setScore(entry.pid, "1000")
+
+	events, run := pl.finished(t, id)
+	if run.Status != belay.StatusCompleted || run.Attempt != 2 || len(run.Attempts) != 2 || run.Attempts[0].Lost != orchestrator.ReasonOutOfMemory {
+		t.Fatalf("run ended %s (%q) at attempt %d, attempts %+v; want completed on attempt 2, the first lost to the OOM killer; events: %s",
+			run.Status, run.Reason, run.Attempt, run.Attempts, eventTypes(events))
+	}
+	reqs := requestsAt(p, 2)
+	if len(reqs) != 1 {
+		t.Fatalf("%d model requests after the command; want 1", len(reqs))
+	}
+	last := reqs[0].Messages[len(reqs[0].Messages)-1]
+	var interrupted agent.Interrupted
+	if json.Unmarshal([]byte(last.Content), &interrupted) != nil || !interrupted.Interrupted || !strings.Contains(interrupted.Reason, orchestrator.ReasonOutOfMemory) {
+		t.Fatalf("the model's next request answers the command with %+v; want interrupted, out of memory", last)
+	}
+	assertLogWhole(t, events)
 }

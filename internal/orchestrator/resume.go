@@ -34,8 +34,8 @@ const (
 // waitErr) was lost: it left no result.json for its attempt (files, as
 // Collect read them), and it was not stopped on purpose (the run's
 // deadline, a cancel, a shutdown). reason says how, in the words Validate
-// uses: "sandbox killed", "sandbox lost", "sandbox exited with code N",
-// or ReasonNoResult.
+// uses: "sandbox out of memory", "sandbox killed", "sandbox lost",
+// "sandbox exited with code N", or ReasonNoResult.
 func SandboxLost(exit belay.SandboxExit, files map[string][]byte, waitErr error) (reason string, lost bool) {
 	if _, ok := files["result.json"]; ok {
 		return "", false
@@ -45,6 +45,10 @@ func SandboxLost(exit belay.SandboxExit, files map[string][]byte, waitErr error)
 		return "", false
 	case waitErr != nil:
 		return ReasonLost, true
+	case exit.OOMKilled && (exit.Signaled || exit.ExitCode != 0):
+		// The kernel killed the entry, or something it needed, at the
+		// sandbox's memory limit (on Fargate: the task's).
+		return ReasonOutOfMemory, true
 	case exit.Signaled:
 		return ReasonKilled, true
 	case exit.ExitCode != 0:

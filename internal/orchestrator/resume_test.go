@@ -3,6 +3,7 @@ package orchestrator_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -402,4 +403,34 @@ func TestCloseLeavesTheRunToResume(t *testing.T) {
 		t.Fatalf("after the restart: %s (%q) at attempt %d, lost %+v", run.Status, run.Reason, run.Attempt, run.LostAttempts)
 	}
 	next.assertEnded(t, run)
+}
+
+// TestSandboxLost: which endings are a lost sandbox, and in which words.
+func TestSandboxLost(t *testing.T) {
+	result := map[string][]byte{"result.json": []byte("{}")}
+	tests := []struct {
+		name    string
+		exit    belay.SandboxExit
+		files   map[string][]byte
+		waitErr error
+		reason  string
+		lost    bool
+	}{
+		{"killed", belay.SandboxExit{Signaled: true, ExitCode: -1}, nil, nil, orchestrator.ReasonKilled, true},
+		{"out of memory", belay.SandboxExit{Signaled: true, ExitCode: 137, OOMKilled: true}, nil, nil, orchestrator.ReasonOutOfMemory, true},
+		{"crashed", belay.SandboxExit{ExitCode: 3}, nil, nil, "sandbox exited with code 3", true},
+		{"exit 0 without a result", belay.SandboxExit{}, map[string][]byte{"patch.diff": nil}, nil, orchestrator.ReasonNoResult, true},
+		{"wait failed", belay.SandboxExit{}, nil, errors.New("task vanished"), orchestrator.ReasonLost, true},
+		{"uploaded, then killed", belay.SandboxExit{Signaled: true}, result, nil, "", false},
+		{"a check was OOM-killed, the entry reported", belay.SandboxExit{OOMKilled: true}, result, nil, "", false},
+		{"deadline", belay.SandboxExit{}, nil, orchestrator.ErrTimeout, "", false},
+		{"cancelled", belay.SandboxExit{}, nil, orchestrator.ErrCancelled, "", false},
+		{"shutdown", belay.SandboxExit{}, nil, orchestrator.ErrShutdown, "", false},
+	}
+	for _, tt := range tests {
+		reason, lost := orchestrator.SandboxLost(tt.exit, tt.files, tt.waitErr)
+		if reason != tt.reason || lost != tt.lost {
+			t.Errorf("%s: SandboxLost = %q, %v; want %q, %v", tt.name, reason, lost, tt.reason, tt.lost)
+		}
+	}
 }

@@ -79,9 +79,12 @@ func ExitOf(task json.RawMessage, stateErr *StateError) (belay.SandboxExit, erro
 	exit := belay.SandboxExit{ExitCode: code}
 	// 128+N is a signal's death (137: SIGKILL, as an out-of-memory kill or
 	// a forced stop); an entry that exits by itself never uses it.
-	if code > 128 && (desc.StopCode != "EssentialContainerExited" ||
-		strings.Contains(desc.Containers[idx].Reason, "OutOfMemory")) {
+	oom := strings.Contains(desc.Containers[idx].Reason, "OutOfMemory")
+	if code > 128 && (desc.StopCode != "EssentialContainerExited" || oom) {
 		exit.Signaled = true
 	}
+	// Fargate stops the whole task when it goes past its memory: the
+	// container's reason says so (OutOfMemoryError).
+	exit.OOMKilled = oom
 	return exit, nil
 }

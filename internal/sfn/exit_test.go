@@ -29,10 +29,12 @@ func TestExitOf(t *testing.T) {
 		file     string
 		code     int
 		signaled bool
+		oom      bool
 		wantErr  error
 	}{
 		{file: "validate.json", code: 0},
-		{file: "validate-oom.json", code: 137, signaled: true},
+		{file: "validate-oom.json", code: 137, signaled: true, oom: true},
+		{file: "resume.json", code: 137},
 		{file: "validate-timeout.json", wantErr: orchestrator.ErrTimeout},
 	}
 	for _, tt := range tests {
@@ -42,8 +44,8 @@ func TestExitOf(t *testing.T) {
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("ExitOf error = %v, want %v", err, tt.wantErr)
 			}
-			if exit.ExitCode != tt.code || exit.Signaled != tt.signaled {
-				t.Fatalf("ExitOf = code %d signaled %v, want %d %v", exit.ExitCode, exit.Signaled, tt.code, tt.signaled)
+			if exit.ExitCode != tt.code || exit.Signaled != tt.signaled || exit.OOMKilled != tt.oom {
+				t.Fatalf("ExitOf = code %d signaled %v oom %v, want %d %v %v", exit.ExitCode, exit.Signaled, exit.OOMKilled, tt.code, tt.signaled, tt.oom)
 			}
 		})
 	}
