@@ -308,6 +308,8 @@ func TestLocalExecution(t *testing.T) {
 			t.Fatal(err)
 		}
 		var lost, resumedEvents int
+		var from *belay.CheckpointRef
+		readyFrom := -1
 		for i, ev := range events.Events {
 			if ev.Seq != int64(i+1) {
 				t.Fatalf("event %d has seq %d", i, ev.Seq)
@@ -317,10 +319,26 @@ func TestLocalExecution(t *testing.T) {
 				lost++
 			case belay.EventRunResumed:
 				resumedEvents++
+				var d belay.RunResumedData
+				_ = json.Unmarshal(ev.Data, &d)
+				from = d.Checkpoint
+			case belay.EventSandboxReady:
+				var d struct {
+					Attempt int   `json:"attempt"`
+					From    int64 `json:"resumedFromCheckpoint"`
+				}
+				if json.Unmarshal(ev.Data, &d) == nil && d.Attempt == 2 {
+					readyFrom = int(d.From)
+				}
 			}
 		}
 		if lost != 1 || resumedEvents != 1 {
 			t.Errorf("%d sandbox.lost and %d run.resumed events, want one each", lost, resumedEvents)
+		}
+		// The first task's checkpoints went through the private API to
+		// sandboxapi, and the second task continued from the last of them.
+		if from == nil || from.Attempt != 1 || readyFrom != int(from.Seq) {
+			t.Errorf("run.resumed from checkpoint %+v, the second task resumed from %d; want the first task's last checkpoint", from, readyFrom)
 		}
 	})
 
