@@ -154,7 +154,7 @@ func TestEntryResumesFromItsCheckpoint(t *testing.T) {
 	cp, runID := first.cp, first.runID
 	// The counter line the command wrote is in a progress checkpoint,
 	// with the command still pending.
-	cp.waitCheckpoint(t, runID, func(ref belay.CheckpointRef, c wire.Checkpoint) bool {
+	pending := cp.waitCheckpoint(t, runID, func(ref belay.CheckpointRef, c wire.Checkpoint) bool {
 		counter, ok := changeOf(c, "tests/counter.txt")
 		return ref.Pending == "shell" && ok && counter == "one\n"
 	})
@@ -208,5 +208,17 @@ func TestEntryResumesFromItsCheckpoint(t *testing.T) {
 	}
 	if run.Checkpoint == nil || run.Checkpoint.Attempt != 2 {
 		t.Fatalf("the run's latest checkpoint %+v; want one of attempt 2", run.Checkpoint)
+	}
+	// No checkpoint holds a token of either attempt, or the provider key.
+	latest, err := cp.arts.GetArtifact(context.Background(), runID, run.Checkpoint.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	during, _ := json.Marshal(pending)
+	for _, secret := range []string{first.tokens.Model, first.tokens.Events, first.tokens.Approvals,
+		second.tokens.Model, second.tokens.Events, second.tokens.Approvals, providerKeyCanary, envCanary} {
+		if bytes.Contains(latest, []byte(secret)) || bytes.Contains(during, []byte(secret)) {
+			t.Errorf("a checkpoint holds a secret")
+		}
 	}
 }
