@@ -19,6 +19,7 @@ import (
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/belay-dev/belay/internal/rie"
+	"github.com/belay-dev/belay/internal/sandbox/workspace/workspacetest"
 )
 
 // Synthesis is slow (tens of seconds) and its jsii runtime holds about
@@ -81,7 +82,10 @@ func synthesize() (out synthesis) {
 	if err != nil {
 		return synthesis{err: err}
 	}
-	if tmpRoot, err = os.MkdirTemp("", "belay-infra-test-"); err != nil {
+	// The local execution runs the sandbox entry with its workspace in
+	// here, and the entry refuses a folder above it that its user can
+	// write (a world-writable /tmp is one).
+	if tmpRoot, err = workspacetest.MkdirTemp("infra-"); err != nil {
 		return synthesis{err: err}
 	}
 	fnDir := filepath.Join(tmpRoot, "functions")

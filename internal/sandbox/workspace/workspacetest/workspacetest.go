@@ -6,6 +6,7 @@
 package workspacetest
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -28,36 +29,48 @@ const RootBase = "/var/lib/belay-tests"
 // temporary directory, which the sandbox entry then refuses.
 func Dir(tb testing.TB, prefix string) string {
 	tb.Helper()
+	dir, err := MkdirTemp(prefix)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// MkdirTemp is Dir for code that has no testing.TB, such as a TestMain or a
+// fixture shared by a test binary: it makes the folder the same way and
+// leaves removing it to the caller.
+func MkdirTemp(prefix string) (string, error) {
 	base := userBase()
 	if os.Geteuid() == 0 {
 		base = RootBase
 	}
 	if err := os.MkdirAll(base, 0o711); err != nil {
-		tb.Fatalf("workspacetest: create %s: %v", base, err)
+		return "", fmt.Errorf("workspacetest: create %s: %w", base, err)
 	}
 	if os.Geteuid() == 0 {
 		fi, err := os.Lstat(base)
 		if err != nil {
-			tb.Fatal(err)
+			return "", fmt.Errorf("workspacetest: %w", err)
 		}
 		if st := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || st.Uid != 0 || fi.Mode().Perm()&0o022 != 0 {
-			tb.Fatalf("workspacetest: %s must be a directory of root's that only root can write (it is %v, uid %d); remove it", base, fi.Mode(), st.Uid)
+			return "", fmt.Errorf("workspacetest: %s must be a directory of root's that only root can write (it is %v, uid %d); remove it", base, fi.Mode(), st.Uid)
 		}
 		if fi.Mode().Perm() != 0o711 {
 			if err := os.Chmod(base, 0o711); err != nil {
-				tb.Fatal(err)
+				return "", fmt.Errorf("workspacetest: %w", err)
 			}
 		}
 	}
 	dir, err := os.MkdirTemp(base, prefix)
 	if err != nil {
-		tb.Fatal(err)
+		return "", fmt.Errorf("workspacetest: %w", err)
 	}
-	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o711); err != nil {
-		tb.Fatal(err)
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("workspacetest: %w", err)
 	}
-	return dir
+	return dir, nil
 }
 
 // userBase is the base folder of a user other than root.
