@@ -35,7 +35,6 @@ import (
 	"github.com/belay-dev/belay/internal/rie"
 	belays3 "github.com/belay-dev/belay/internal/s3"
 	"github.com/belay-dev/belay/internal/sandbox"
-	"github.com/belay-dev/belay/internal/sandbox/workspace/workspacetest"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 )
 
@@ -90,9 +89,6 @@ type localAWS struct {
 	upstream *upstream
 	runner   *taskRunner
 	entry    string
-	// workRoot holds the tasks' workspaces: a folder no sandbox user can
-	// write above, as the entry requires (workspacetest).
-	workRoot string
 
 	mu    sync.Mutex
 	execs map[string]*execution
@@ -117,7 +113,6 @@ func startLocalAWS(t *testing.T) *localAWS {
 	node := node22(t)
 	st := synthesized(t).token
 	l := &localAWS{t: t, st: st, dynamoURL: endpoint, execs: map[string]*execution{}, fns: map[string]*rie.Function{}}
-	l.workRoot = workspacetest.Dir(t, "tasks-")
 
 	// DynamoDB Local: the table as the template defines it.
 	l.table = "belay-local-" + randomHex(4)
@@ -742,7 +737,7 @@ func (tr *taskRunner) run(ctx context.Context, execution string, input json.RawM
 		return nil, false, fmt.Errorf("entry point %v", ep)
 	}
 	id := randomHex(16)
-	ws, err := os.MkdirTemp(l.workRoot, "task-")
+	ws, err := os.MkdirTemp(tmpRoot, "task-")
 	if err != nil {
 		return nil, false, err
 	}
