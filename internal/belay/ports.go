@@ -151,6 +151,7 @@ type Store interface {
 	CapabilityStore
 	ApprovalStore
 	ClaimStore
+	DeliveryStore
 }
 
 // ArtifactInfo names one stored artifact and its size in bytes.
