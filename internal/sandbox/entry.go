@@ -111,6 +111,9 @@ type session struct {
 	tokens  belay.SandboxTokens
 	api     *http.Client
 	uploads map[string]wire.Upload
+	// source is where the run's git source bundle is downloaded from,
+	// for a run with one.
+	source *wire.Upload
 }
 
 // fileMode reads the spec and the token files the launcher left in ws.
@@ -143,7 +146,12 @@ func (e *entry) fileMode(ctx context.Context, ws Workspace) error {
 		uploads[name] = wire.Upload{URL: wire.OutputPath(spec.RunID, name), Method: http.MethodPut,
 			Header: map[string]string{"Authorization": "Bearer " + tokens.Events}}
 	}
-	return e.run(ctx, start, session{ws: ws, spec: spec, tokens: tokens, api: api, uploads: uploads})
+	var source *wire.Upload
+	if spec.Source != nil {
+		source = &wire.Upload{URL: wire.SourcePath(spec.RunID), Method: http.MethodGet,
+			Header: map[string]string{"Authorization": "Bearer " + tokens.Events}}
+	}
+	return e.run(ctx, start, session{ws: ws, spec: spec, tokens: tokens, api: api, uploads: uploads, source: source})
 }
 
 // specPeer is the peer check a spec asks for, nil when it names none.
@@ -172,11 +180,23 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 	transcript := newTranscriptWriter(&transcriptBuf, belay.MaxArtifactBytes, e.now)
 
 	git := Git{Dir: ws.RepoDir(), Home: ws.HomeDir()}
-	base, err := BuildRepo(ctx, git, spec.Files)
+	var (
+		base *Base
+		err  error
+	)
+	files := len(spec.Files)
+	if spec.Source != nil {
+		base, err = e.buildFromSource(ctx, se, git)
+		if t := spec.Source.Git.Tree; t != nil {
+			files = t.Files
+		}
+	} else {
+		base, err = BuildRepo(ctx, git, spec.Files)
+	}
 	if err != nil {
 		return err
 	}
-	log.Info("repository built", "base_commit", base.Commit, "files", len(spec.Files))
+	log.Info("repository built", "base_commit", base.Commit, "files", files)
 	// What the workspace holds before the agent runs: whatever else is
 	// there afterwards is removed before the final checks.
 	layout, err := workspaceNames(string(ws))
@@ -223,7 +243,7 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 		return err
 	}
 	defer tools.Close()
-	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base.Commit, "files": len(spec.Files)})
+	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base.Commit, "files": files})
 
 	agentCtx, cancelAgent := context.WithDeadline(ctx, agentDeadline)
 	defer cancelAgent()
