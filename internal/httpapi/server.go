@@ -90,6 +90,9 @@ type Config struct {
 	// Webhooks, when set, serves POST /v1/webhooks/github (no bearer: the
 	// signature is the credential).
 	Webhooks http.Handler
+	// Intake, when set, is the run-creation service to use (shared with
+	// the dispatcher); nil builds one from the fields above.
+	Intake *intake.Service
 }
 
 // Upstream is the operator's model provider, which the model proxy forwards
@@ -239,12 +242,15 @@ func New(cfg Config) (*Server, error) {
 	s.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 	var err error
-	s.intake, err = intake.New(intake.Config{
-		Store: s.store, Orchestrator: s.orchestrator, Git: cfg.Git, Sources: cfg.Sources, Limits: s.limits,
-		NewID: func() string { return s.newID("run_") }, Now: s.now, Logger: s.log,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("httpapi: %w", err)
+	s.intake = cfg.Intake
+	if s.intake == nil {
+		s.intake, err = intake.New(intake.Config{
+			Store: s.store, Orchestrator: s.orchestrator, Git: cfg.Git, Sources: cfg.Sources, Limits: s.limits,
+			NewID: func() string { return s.newID("run_") }, Now: s.now, Logger: s.log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("httpapi: %w", err)
+		}
 	}
 
 	s.base, s.cancelBase = context.WithCancel(context.Background())
