@@ -2,6 +2,7 @@ package embedded_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,17 +45,30 @@ type hookHarness struct {
 	logs       *embeddedtest.Logs
 	dispatched chan dispatch.Outcome
 	base       string
+	cfg        embedded.Config
+	srv        *gittest.Server
 }
 
-func startHookHarness(t *testing.T, sandbox string) *hookHarness {
+func (h *hookHarness) repoServer() *gittest.Server { return h.srv }
+
+// hookOptions vary the harness: the sandbox entry, the model (nil: the
+// scripted example session), the approval policy of the trigger.
+type hookOptions struct {
+	sandbox  string
+	provider *provider
+	approval string
+}
+
+func startHookHarness(t *testing.T, o hookOptions) *hookHarness {
 	t.Helper()
 	srv := gittest.Start(t, "x-access-token", gitToken)
-	repo := srv.NewRepo(t, "Codertocat/Hello-World", map[string]string{
-		"calc.py":            "def add(a, b):\n    return a - b\n",
-		"tests/test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
-		"tests/conftest.py":  "import sys, os\nsys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))\n",
-	}, true)
-	h := &hookHarness{t: t, repo: repo, api: githubtest.StartAPI(t, githubToken), logs: &embeddedtest.Logs{},
+	calc := filepath.Join(embeddedtest.ModuleRoot(t), "examples", "calc")
+	files := map[string]string{}
+	for _, f := range treeFiles(t, calc) {
+		files[f.Path] = f.Content
+	}
+	repo := srv.NewRepo(t, "Codertocat/Hello-World", files, true)
+	h := &hookHarness{t: t, repo: repo, srv: srv, api: githubtest.StartAPI(t, githubToken), logs: &embeddedtest.Logs{},
 		dispatched: make(chan dispatch.Outcome, 32)}
 	h.commit = strings.TrimSpace(gittest.Git(t, repo.Dir, "rev-parse", "HEAD"))
 	// GitHub's examples say the default branch is master.
@@ -67,11 +81,21 @@ func startHookHarness(t *testing.T, sandbox string) *hookHarness {
 	         "pull_request": {"actions": ["opened", "synchronize"], "instruction": "Make the tests pass on this pull request"},
 	         "push": {"branches": ["master"], "instruction": "Keep the tests green after this push"}},
 	  "allowedPaths": ["calc.py"], "checks": [["python3", "-m", "pytest", "-q"]],
-	  "maxSteps": 6, "wallTimeSeconds": 60,
-	  "outputs": {"branch": true, "pullRequest": true, "comment": true}}]}`, repo.URL)
+	  "maxSteps": 12, "wallTimeSeconds": 120, "approval": {"policy": %q},
+	  "outputs": {"branch": true, "pullRequest": true, "comment": true}}]}`, repo.URL, cmp.Or(o.approval, "deny_all"))
 	cfg := embeddedtest.Config(t, h.logs)
 	cfg.Model = e2eModel
-	cfg.SandboxBin = sandbox
+	cfg.SandboxBin = o.sandbox
+	if o.provider != nil {
+		cfg.ScriptedModel = ""
+		cfg.ModelAPIURL = o.provider.srv.URL + "/v1/chat/completions"
+		cfg.ModelAPIKey = providerKey
+		t.Cleanup(func() {
+			o.provider.Release()
+			o.provider.srv.CloseClientConnections()
+		})
+	}
+	h.cfg = cfg
 	cfg.RepoEvents = embedded.RepoEventsConfig{
 		Triggers:       triggersFile,
 		WebhookSecret:  webhookSecret,
@@ -190,7 +214,7 @@ func (h *hookHarness) storedRun(id string) belay.Run {
 // body create nothing.
 func TestGitHubWebhooks(t *testing.T) {
 	gittest.NeedGit(t)
-	h := startHookHarness(t, embeddedtest.InertSandbox(t))
+	h := startHookHarness(t, hookOptions{sandbox: embeddedtest.InertSandbox(t)})
 	examples := githubtest.Examples(t)
 
 	// ping
@@ -246,7 +270,7 @@ func TestGitHubWebhooks(t *testing.T) {
 			t.Errorf("%s: instruction %q, want %q", c.event, req.Instruction, c.instruction)
 		}
 		g := req.GitSource()
-		if g == nil || g.URL != h.repo.URL || g.Commit != h.commit || g.Tree == nil || g.Tree.Files != 3 || g.Bundle == nil {
+		if g == nil || g.URL != h.repo.URL || g.Commit != h.commit || g.Tree == nil || g.Tree.Files != 4 || g.Bundle == nil {
 			t.Errorf("%s: source %+v, want the loopback repository at %s", c.event, g, h.commit)
 		}
 		tr := req.Trigger
