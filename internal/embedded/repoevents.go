@@ -51,7 +51,7 @@ const (
 
 // RepoEventsConfig configures git sources, webhooks and safe outputs.
 type RepoEventsConfig struct {
-	Triggers                        string
+	Triggers                           string
 	WebhookSecret, WebhookSecretFile   string
 	GitCredentials, GitCredentialsFile string
 	GitHubToken, GitHubTokenFile       string

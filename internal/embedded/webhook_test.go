@@ -364,8 +364,8 @@ func TestGitHubWebhooks(t *testing.T) {
 	// The inert sandbox fails every run: each failed run comments its
 	// reason where its event happened (the issue; the commit for a push).
 	want := map[string]bool{
-		"/repos/Codertocat/Hello-World/issues/1/comments":                  false,
-		"/repos/Codertocat/Hello-World/issues/2/comments":                  false,
+		"/repos/Codertocat/Hello-World/issues/1/comments":                 false,
+		"/repos/Codertocat/Hello-World/issues/2/comments":                 false,
 		"/repos/Codertocat/Hello-World/commits/" + h.commit + "/comments": false,
 	}
 	var mu sync.Mutex
