@@ -19,16 +19,19 @@ help:
 	@sed -n 's/^## //p' $(MAKEFILE_LIST)
 
 ## build: compile every package, then bin/belay, bin/belay-sandbox and each function's bootstrap
+# The binaries leave out the symbol table and DWARF (-s -w): stack traces
+# keep their function names and lines, and `go version -m` still reads the
+# build info. Debug with a plain `go build` instead.
 build: $(addprefix build-,$(FUNCTIONS))
 	go build ./...
 	@# The binaries are built only once their directories exist.
 	@if [ -d cmd/belay ]; then \
-		echo "go build -o bin/belay ./cmd/belay"; \
-		go build -trimpath -ldflags "$(LDFLAGS)" -o bin/belay ./cmd/belay; \
+		echo "go build -ldflags '-s -w' -o bin/belay ./cmd/belay"; \
+		go build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/belay ./cmd/belay; \
 	else echo "build: cmd/belay does not exist yet; skipping bin/belay"; fi
 	@if [ -d sandbox-task ]; then \
-		echo "CGO_ENABLED=0 go build -o bin/belay-sandbox ./sandbox-task"; \
-		CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/belay-sandbox ./sandbox-task; \
+		echo "CGO_ENABLED=0 go build -ldflags '-s -w' -o bin/belay-sandbox ./sandbox-task"; \
+		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/belay-sandbox ./sandbox-task; \
 	else echo "build: sandbox-task does not exist yet; skipping bin/belay-sandbox"; fi
 
 ## build-NAME: build ./functions/NAME as bin/functions/NAME/bootstrap for Lambda (linux/arm64, provided.al2023)

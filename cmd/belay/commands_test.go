@@ -206,6 +206,9 @@ func TestServeRefusesBadConfig(t *testing.T) {
 		{"upstream with a query", map[string]string{embedded.EnvModel: "m", embedded.EnvModelAPIKey: "k",
 			embedded.EnvModelAPIURL: "https://models.example.com/v1/chat/completions?k=1"}, nil, "must not have a query"},
 		{"positional argument", map[string]string{}, []string{"now"}, "takes no arguments"},
+		{"not an extension", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel},
+			[]string{"--allow-extension", "kt"}, `BELAY_EXTENSIONS (--allow-extension) "kt" is not an extension`},
+		{"empty check", map[string]string{embedded.EnvModel: "m"}, []string{"--allow-check", " "}, `--allow-check " " is empty`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -37,6 +37,7 @@ type command struct {
 var commands = []command{
 	{"serve", "[flags]", "run the embedded control plane on this machine", cmdServe},
 	{"run", "DIR --instruction TEXT --allow PATH --check CMD [flags]", "ask for a run on the files under DIR", cmdRun},
+	{"config", "[--json]", "print what the server accepts: model, extensions, checks, limits", cmdConfig},
 	{"runs", "[--status S] [--limit N] [--cursor C] [--json] | runs show ID [--json]", "list runs, or show one", cmdRuns},
 	{"events", "ID [--follow] [--after N] [--json]", "print a run's events", cmdEvents},
 	{"approvals", "ID [--json]", "list a run's approval requests", cmdApprovals},

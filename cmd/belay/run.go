@@ -19,11 +19,13 @@ const runDoc = `Uploads the text files under DIR and asks belay to run the agent
 the agent follows the instruction, may change only the --allow paths, and
 its change is proved by the --check commands.
 
-Files: regular files with an allowed text extension (.py, .md, .json, ...),
-each at most 64 KiB. Skipped with a message: symbolic links, and files over
-the limit. Skipped silently: the .git directory and every other directory
-whose name starts with a dot, __pycache__ and node_modules, and files with
-other extensions or that are not UTF-8 text.
+Files: regular files with an extension the server accepts (GET /v1/config,
+shown by belay config: .py, .md, .json, ... and what the operator added),
+each within the server's size limit. Every file or folder left out is named
+on stderr: symbolic links, files over the limit, files with another
+extension or that are not UTF-8 text, and the folders never uploaded (.git
+and every other folder whose name starts with a dot, __pycache__ and
+node_modules).
 
 A --check is split on spaces into an argv: no shell is involved, so quotes,
 pipes, globs and variables have no special meaning. It must equal one of the
@@ -76,13 +78,15 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 		}
 		req.Checks = append(req.Checks, argv)
 	}
-	lim := belay.DefaultLimits("any")
-	if req.Files, err = readTree(pos[0], lim, e.stderr); err != nil {
-		return err
-	}
-
 	c, err := e.client()
 	if err != nil {
+		return err
+	}
+	lim, err := serverLimits(ctx, c, e.stderr)
+	if err != nil {
+		return err
+	}
+	if req.Files, err = readTree(pos[0], lim, e.stderr); err != nil {
 		return err
 	}
 	created, err := c.CreateRun(ctx, req, *idemKey)
@@ -154,9 +158,26 @@ func printOutcome(ctx context.Context, w io.Writer, c *httpapi.Client, id string
 	return nil
 }
 
+// serverLimits asks the server what it accepts (GET /v1/config). A server
+// without the route (an older belay) gets the reference limits, with a note.
+func serverLimits(ctx context.Context, c *httpapi.Client, warn io.Writer) (belay.Limits, error) {
+	cfg, err := c.Config(ctx)
+	if apiErr, ok := errors.AsType[*httpapi.APIError](err); ok && apiErr.Code == belay.CodeNotFound {
+		fmt.Fprintln(warn, "belay: the server does not say what it accepts (no GET /v1/config); choosing files by the reference extensions")
+		return belay.DefaultLimits(""), nil
+	}
+	if err != nil {
+		return belay.Limits{}, err
+	}
+	return cfg.RunLimits(), nil
+}
+
+// maxNamedSkips bounds the files and folders readTree names one by one;
+// past it, it counts them.
+const maxNamedSkips = 20
+
 // readTree reads the files to upload under dir, as POSIX paths relative to
-// it, telling warn about each file it skips that the user may have meant to
-// send.
+// it, naming on warn each file or folder it leaves out.
 func readTree(dir string, lim belay.Limits, warn io.Writer) ([]belay.File, error) {
 	fi, err := os.Stat(dir)
 	if err != nil {
@@ -166,7 +187,13 @@ func readTree(dir string, lim belay.Limits, warn io.Writer) ([]belay.File, error
 		return nil, fmt.Errorf("%s is not a directory", dir)
 	}
 	var files []belay.File
-	total, other := 0, 0
+	total, skipped := 0, 0
+	skip := func(format string, args ...any) {
+		skipped++
+		if skipped <= maxNamedSkips {
+			fmt.Fprintf(warn, "belay: skipping "+format+"\n", args...)
+		}
+	}
 	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -178,19 +205,25 @@ func readTree(dir string, lim belay.Limits, warn io.Writer) ([]belay.File, error
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() {
 			if path != dir && (strings.HasPrefix(d.Name(), ".") || skippedDirs[d.Name()]) {
+				skip("%s/: hidden folders, __pycache__ and node_modules are not uploaded", printableLine(rel))
 				return filepath.SkipDir
 			}
 			return nil
 		}
 		switch {
 		case d.Type()&fs.ModeSymlink != 0:
-			fmt.Fprintf(warn, "belay: skipping %s: a symbolic link (only regular files are uploaded)\n", rel)
+			skip("%s: a symbolic link (only regular files are uploaded)", printableLine(rel))
 			return nil
 		case !d.Type().IsRegular():
-			fmt.Fprintf(warn, "belay: skipping %s: not a regular file\n", rel)
+			skip("%s: not a regular file", printableLine(rel))
 			return nil
-		case !lim.ExtensionAllowed(rel) || belay.CheckPath(rel) != nil:
-			other++
+		}
+		if err := belay.CheckPath(rel); err != nil {
+			skip("%s: %v", printableLine(rel), err)
+			return nil
+		}
+		if !lim.ExtensionAllowed(rel) {
+			skip("%s: the server does not accept this extension (belay config lists those it does)", printableLine(rel))
 			return nil
 		}
 		info, err := d.Info()
@@ -198,8 +231,7 @@ func readTree(dir string, lim belay.Limits, warn io.Writer) ([]belay.File, error
 			return err
 		}
 		if info.Size() > int64(lim.MaxFileBytes) {
-			fmt.Fprintf(warn, "belay: skipping %s: %d KiB is over the %d KiB a file may have\n",
-				rel, (info.Size()+1023)/1024, lim.MaxFileBytes/1024)
+			skip("%s: %d KiB is over the %d KiB a file may have", printableLine(rel), (info.Size()+1023)/1024, lim.MaxFileBytes/1024)
 			return nil
 		}
 		content, err := os.ReadFile(path)
@@ -207,11 +239,11 @@ func readTree(dir string, lim belay.Limits, warn io.Writer) ([]belay.File, error
 			return err
 		}
 		if len(content) > lim.MaxFileBytes {
-			fmt.Fprintf(warn, "belay: skipping %s: it grew over the %d KiB a file may have while being read\n", rel, lim.MaxFileBytes/1024)
+			skip("%s: it grew over the %d KiB a file may have while being read", printableLine(rel), lim.MaxFileBytes/1024)
 			return nil
 		}
 		if !utf8.Valid(content) || strings.IndexByte(string(content), 0) >= 0 {
-			other++
+			skip("%s: not UTF-8 text", printableLine(rel))
 			return nil
 		}
 		total += len(content)
@@ -221,12 +253,12 @@ func readTree(dir string, lim belay.Limits, warn io.Writer) ([]belay.File, error
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", dir, err)
 	}
-	if other > 0 {
-		fmt.Fprintf(warn, "belay: left out %d file(s) that are not text with an allowed extension\n", other)
+	if skipped > maxNamedSkips {
+		fmt.Fprintf(warn, "belay: skipping %d more files and folders\n", skipped-maxNamedSkips)
 	}
 	switch {
 	case len(files) == 0:
-		return nil, errors.New("no files to upload under " + dir + ": it needs text files with an allowed extension (.py, .md, .json, ...)")
+		return nil, errors.New("no files to upload under " + dir + ": it needs text files with an extension the server accepts (belay config lists them)")
 	case len(files) > lim.MaxFiles:
 		return nil, fmt.Errorf("%s has %d files to upload; a run takes at most %d: point DIR at a smaller folder", dir, len(files), lim.MaxFiles)
 	case total > lim.MaxTreeBytes:

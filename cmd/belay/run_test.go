@@ -34,7 +34,11 @@ func TestRunFollowUploadsTheTreeAndReportsTheOutcome(t *testing.T) {
 	for _, want := range []string{
 		"skipping big.txt: 65 KiB is over the 64 KiB",
 		"skipping passwd.txt: a symbolic link",
-		"left out 2 file(s) that are not text with an allowed extension",
+		"skipping logo.png: the server does not accept this extension",
+		"skipping latin1.py: not UTF-8 text",
+		"skipping .git/: hidden folders",
+		"skipping .pytest_cache/: hidden folders",
+		"skipping __pycache__/: hidden folders",
 		"uploading 2 file(s)",
 		"belay: run " + id + " failed: sandbox exited with code 64",
 	} {

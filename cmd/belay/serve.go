@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 
 	"github.com/belay-dev/belay/internal/embedded"
 )
@@ -58,6 +59,9 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		"`URL` of a local AWS peer such as DynamoDB Local, instead of AWS (BELAY_AWS_ENDPOINT)")
 	fs.StringVar(&cfg.Storage.S3Endpoint, "s3-endpoint", cfg.Storage.S3Endpoint,
 		"`URL` of a local S3 peer (BELAY_S3_ENDPOINT; default --aws-endpoint)")
+	var extensions, checks stringList
+	fs.Var(&extensions, "allow-extension", "also accept uploaded files with this `extension`, such as .kt (repeatable; adds to BELAY_EXTENSIONS)")
+	fs.Var(&checks, "allow-check", "also allowlist this check `command`, split on spaces, such as \"go test ./...\" (repeatable; adds to BELAY_CHECKS)")
 	fs.StringVar(&cfg.Isolation, "isolation", "auto", "sandbox isolation: auto (all the machine allows) or none")
 	fs.IntVar(&cfg.EventBufferSize, "event-buffer", 0, "events kept per run (default 2000)")
 	fs.IntVar(&cfg.SandboxEventLimits.MaxEvents, "sandbox-events", cfg.SandboxEventLimits.MaxEvents,
@@ -68,6 +72,14 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		"bound on each stage of a graceful shutdown")
 	if _, err := parseExact(fs, args); err != nil {
 		return err
+	}
+	cfg.Limits.Extensions = append(cfg.Limits.Extensions, extensions...)
+	for _, c := range checks {
+		argv := strings.Fields(c)
+		if len(argv) == 0 {
+			return usagef("--allow-check %q is empty", c)
+		}
+		cfg.Limits.Checks = append(cfg.Limits.Checks, argv)
 	}
 	cfg.Logger = newLogger(e.stderr)
 

@@ -152,6 +152,7 @@ type Store interface {
 	CapabilityStore
 	ApprovalStore
 	ClaimStore
+	ModelCallStore
 	DeliveryStore
 }
 

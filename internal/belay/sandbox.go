@@ -61,6 +61,12 @@ type SandboxSpec struct {
 	// Attempt is the run's attempt this sandbox runs (Run.Attempt).
 	Attempt int `json:"attempt"`
 
+	// Deadline is when the run's wall time ends (Run.Deadline): the one
+	// clock the sandbox and the control plane both keep to. It is fixed
+	// when the run starts and is the same for every attempt, so neither
+	// side counts wall time from its own start.
+	Deadline time.Time `json:"deadline"`
+
 	// Tokens are the run's three audience tokens, for a launcher that
 	// hands them over as files (file mode).
 	Tokens SandboxTokens `json:"-"`
@@ -109,12 +115,25 @@ func SpecFor(runID string, req RunRequest) SandboxSpec {
 	}
 }
 
+// Deadline is when the run's wall time ends, in UTC: StartedAt plus the
+// requested wall time. StartedAt is written once, when the run starts, so
+// the deadline never moves, whichever attempt or process asks. Zero for a
+// run that has not started.
+func (r Run) Deadline() time.Time {
+	if r.StartedAt.IsZero() {
+		return time.Time{}
+	}
+	return r.StartedAt.Add(time.Duration(r.Request.WallTimeSeconds) * time.Second).UTC()
+}
+
 // SpecForRun builds the sandbox spec of a stored run: SpecFor its request,
-// at the run's attempt. The orchestrator and the claim exchange both build
-// the spec here, so the two modes tell a sandbox the same.
+// at the run's attempt, with the run's Deadline. The orchestrator and the
+// claim exchange both build the spec here, so the two modes tell a sandbox
+// the same.
 func SpecForRun(run Run) SandboxSpec {
 	spec := SpecFor(run.ID, run.Request)
 	spec.Attempt = run.Attempt
+	spec.Deadline = run.Deadline()
 	return spec
 }
 

@@ -88,3 +88,23 @@ func (w *WatchedStore) DecideApproval(ctx context.Context, runID, id string, d D
 	w.signal(err)
 	return a, err
 }
+
+// SpendModelRequest spends and signals the model.request event it
+// appended.
+func (w *WatchedStore) SpendModelRequest(ctx context.Context, runID string, call ModelCall, now time.Time) (ConsumeResult, error) {
+	res, err := w.Store.SpendModelRequest(ctx, runID, call, now)
+	if err == nil && res.Outcome == ConsumeOK {
+		w.signal(nil)
+	}
+	return res, err
+}
+
+// RecordModelResponse records the usage and signals the event, when it
+// was appended.
+func (w *WatchedStore) RecordModelResponse(ctx context.Context, runID string, d UsageDelta, response EventInput) (bool, error) {
+	appended, err := w.Store.RecordModelResponse(ctx, runID, d, response)
+	if err == nil && appended {
+		w.signal(nil)
+	}
+	return appended, err
+}

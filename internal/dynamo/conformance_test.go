@@ -1,8 +1,13 @@
 package dynamo_test
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/dynamo"
@@ -45,4 +50,42 @@ func BenchmarkConsumeParallel(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+// BenchmarkModelCall times a proxied model call's two store writes (see
+// storetest.BenchmarkModelCall) on DynamoDB Local, for the record: against
+// one UpdateItem (the cheapest write, what ConsumeModelRequest is) and a
+// one-item TransactWriteItems, on a scratch item of the same table.
+func BenchmarkModelCall(b *testing.B) {
+	var p peer
+	open := func(tb testing.TB, opts storetest.Options) belay.Store {
+		p = newPeer(tb, dynamo.Options{EventBufferSize: opts.EventBufferSize})
+		return p.store
+	}
+	scratch := map[string]types.AttributeValue{
+		"PK": &types.AttributeValueMemberS{Value: "BENCH#scratch"},
+		"SK": &types.AttributeValueMemberS{Value: "COUNTER"},
+	}
+	update := func() *dynamodb.UpdateItemInput {
+		return &dynamodb.UpdateItemInput{
+			TableName: aws.String(p.table), Key: scratch,
+			UpdateExpression:          aws.String("ADD #n :one"),
+			ExpressionAttributeNames:  map[string]string{"#n": "n"},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
+		}
+	}
+	storetest.BenchmarkModelCall(b, open,
+		storetest.Baseline{Name: "one UpdateItem", Write: func(ctx context.Context) error {
+			_, err := p.client.UpdateItem(ctx, update())
+			return err
+		}},
+		storetest.Baseline{Name: "1-item transaction", Write: func(ctx context.Context) error {
+			u := update()
+			_, err := p.client.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{{Update: &types.Update{
+				TableName: u.TableName, Key: u.Key, UpdateExpression: u.UpdateExpression,
+				ExpressionAttributeNames: u.ExpressionAttributeNames, ExpressionAttributeValues: u.ExpressionAttributeValues,
+			}}}})
+			return err
+		}},
+	)
 }

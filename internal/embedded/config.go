@@ -89,6 +89,9 @@ type Config struct {
 	// Storage chooses where runs and artifacts are kept; the zero value
 	// keeps both in DataDir.
 	Storage StorageConfig
+	// Limits adds the operator's extensions and checks to the reference
+	// run limits.
+	Limits LimitsConfig
 	// Isolation is passed to the local launcher: "auto" (the default) or
 	// "none".
 	Isolation string
@@ -144,6 +147,7 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		SandboxDir:      get(EnvSandboxDir),
 		ScriptedModel:   get(EnvScriptedModel),
 		Storage:         storageConfigFromEnv(get),
+		Limits:          limitsConfigFromEnv(get),
 		RepoEvents:      repoEventsConfigFromEnv(get),
 		SandboxEventLimits: belay.SandboxEventLimits{
 			MaxEvents: int(positiveFromEnv(get(EnvSandboxEvents))),

@@ -49,6 +49,7 @@ type Main struct {
 	apiKey     secrets.Source
 	script     *scriptedmodel.Script
 	sandboxBin string
+	limits     belay.Limits
 	repoEvents *repoEvents
 
 	ready     chan struct{}
@@ -106,10 +107,16 @@ func New(cfg Config) (*Main, error) {
 	if err := m.configureUpstream(&cfg); err != nil {
 		return nil, err
 	}
-	var err error
-	if m.repoEvents, err = prepareRepoEvents(cfg.RepoEvents, belay.DefaultLimits(cfg.Model)); err != nil {
+	limits, err := cfg.Limits.runLimits(cfg.Model)
+	if err != nil {
 		return nil, err
 	}
+	if m.repoEvents, err = prepareRepoEvents(cfg.RepoEvents, limits); err != nil {
+		return nil, err
+	}
+	m.limits = m.repoEvents.limits(limits)
+	// A git source may name a repository served on this machine.
+	m.limits.GitURLs.AllowLoopbackHTTP = true
 	if cfg.Token != "" && len(cfg.Token) < httpapi.MinControlTokenLen {
 		return nil, fmt.Errorf("%s is shorter than %d characters; use a long random value (or unset it to have one generated)", EnvToken, httpapi.MinControlTokenLen)
 	}
@@ -312,8 +319,6 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	// ends: the store reports every state a run reaches.
 	rt := &repoEventsRuntime{log: m.log}
 	store, artifacts := belay.Store(belay.NotifyStore(watched, rt.onStatus)), st.artifacts
-	limits := m.repoEvents.limits(belay.DefaultLimits(m.cfg.Model))
-	limits.GitURLs.AllowLoopbackHTTP = true
 	signer, err := token.NewSigner(m.signingKey, m.now)
 	if err != nil {
 		return fmt.Errorf("run-token signer: %w", err)
@@ -370,7 +375,7 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	runs, hooks, err := m.buildRepoEvents(store, artifacts, orch, limits, rt)
+	runs, hooks, err := m.buildRepoEvents(store, artifacts, orch, m.limits, rt)
 	if err != nil {
 		return err
 	}
@@ -379,7 +384,7 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		Artifacts:          artifacts,
 		Orchestrator:       orch,
 		Signer:             signer,
-		Limits:             limits,
+		Limits:             m.limits,
 		Intake:             runs,
 		ControlTokens:      []string{m.token},
 		EventsChanged:      watched.Changed,

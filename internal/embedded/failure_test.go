@@ -16,6 +16,7 @@ import (
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/embedded"
 	"github.com/belay-dev/belay/internal/orchestrator"
+	"github.com/belay-dev/belay/internal/sandbox"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/sqlite"
 	"github.com/belay-dev/belay/internal/wire"
@@ -94,8 +95,10 @@ func TestSandboxKilledMidRun(t *testing.T) {
 }
 
 // TestWallTimeExceeded gives a run two seconds while the model takes ten
-// minutes to answer and the final check sleeps a minute: the control
-// plane ends the run, failed with reason timeout.
+// minutes to answer and the final check sleeps a minute: the sandbox and
+// the control plane keep to the run's one deadline, so the sandbox stops
+// the agent before it, cuts the check at it and reports the run failed
+// with its wall-time reason, and the control plane records that reason.
 func TestWallTimeExceeded(t *testing.T) {
 	t.Parallel()
 	script := scriptedmodel.Script{Name: "slow model", Steps: []scriptedmodel.Step{
@@ -105,8 +108,6 @@ func TestWallTimeExceeded(t *testing.T) {
 	pl := startWith(t, p, nil, "")
 	ctx := context.Background()
 	req := calcRequest(t)
-	// The final check runs until the entry's own deadline, which is never
-	// before the control plane's: the entry starts after the run does.
 	req.Files = append(req.Files, slowTest)
 	req.WallTimeSeconds = 2
 	created, err := pl.c.CreateRun(ctx, req, "")
@@ -114,11 +115,11 @@ func TestWallTimeExceeded(t *testing.T) {
 		t.Fatal(err)
 	}
 	events, run := pl.finished(t, created.RunID)
-	if run.Status != belay.StatusFailed || run.Reason != orchestrator.ReasonTimeout {
-		t.Errorf("run ended %s, reason %q; want failed, %q; events: %s", run.Status, run.Reason, orchestrator.ReasonTimeout, eventTypes(events))
+	if run.Status != belay.StatusFailed || run.Reason != sandbox.ReasonWallTime {
+		t.Errorf("run ended %s, reason %q; want failed, %q; events: %s", run.Status, run.Reason, sandbox.ReasonWallTime, eventTypes(events))
 	}
-	if reason := terminalEvent(t, events, belay.StatusFailed); reason != orchestrator.ReasonTimeout {
-		t.Errorf("run.failed says %q; want %q", reason, orchestrator.ReasonTimeout)
+	if reason := terminalEvent(t, events, belay.StatusFailed); reason != sandbox.ReasonWallTime {
+		t.Errorf("run.failed says %q; want %q", reason, sandbox.ReasonWallTime)
 	}
 }
 

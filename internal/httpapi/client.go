@@ -627,6 +627,10 @@ func (c *Client) streamOnce(ctx context.Context, runID string, after int64, last
 		return 0, false, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNoContent {
+		// The run has ended and there is nothing after `after`.
+		return 0, true, nil
+	}
 
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 64<<10), maxSSELine)

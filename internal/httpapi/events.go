@@ -96,7 +96,9 @@ func wantsStream(r *http.Request) bool {
 // streamEvents writes the log after `after` as server-sent events, then
 // polls the store for more, until the terminal event has been sent or the
 // caller leaves. A comment line goes out whenever the stream has been quiet
-// for a heartbeat interval.
+// for a heartbeat interval. A reader of an ended run that already has its
+// last event gets 204 No Content, which tells an EventSource not to
+// reconnect.
 func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, id string, after int64) {
 	ctx := r.Context()
 	// The change signal is taken before each read, so a write landing
@@ -107,6 +109,14 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, id string,
 	page, err := s.store.ListEvents(ctx, id, after, ssePageSize)
 	if err != nil {
 		s.writeError(w, r, err)
+		return
+	}
+	if page.Terminal && after >= page.LastSeq {
+		// The run has ended and the reader has every event. An
+		// EventSource reconnects after every close, for ever; 204 is the
+		// SSE standard's word for "stop". A reader that is behind got
+		// the rest above, then the end of the stream.
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	rc := http.NewResponseController(w)

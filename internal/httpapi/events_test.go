@@ -221,11 +221,22 @@ func TestSSEEndsAfterTerminalEvent(t *testing.T) {
 	if len(evs) != 1 || evs[0].event != belay.EventRunCompleted {
 		t.Errorf("after start: %v, want just run.completed", evs)
 	}
-	// Reading a finished run from its end ends at once.
-	resp2 := h.openStream(t, ctx, "/v1/runs/"+id+"/events?stream=1", http.Header{"Last-Event-ID": {"3"}})
-	defer resp2.Body.Close()
-	if evs, err := readSSE(t, newSSEReader(resp2.Body), 1000); !errors.Is(err, io.EOF) || len(evs) != 0 {
-		t.Errorf("stream of an ended run from its end: %v, %v", evs, err)
+	// A reader of a finished run that has every event is told to stop
+	// (204 No Content), from its last event or past it; one behind gets
+	// what it lacks, then the end.
+	for _, last := range []string{"3", "7"} {
+		resp2 := h.openStream(t, ctx, "/v1/runs/"+id+"/events?stream=1", http.Header{"Last-Event-ID": {last}})
+		body, _ := io.ReadAll(resp2.Body)
+		resp2.Body.Close()
+		if resp2.StatusCode != http.StatusNoContent || len(body) != 0 {
+			t.Errorf("stream of an ended run from seq %s: %d %q; want 204 and no body", last, resp2.StatusCode, body)
+		}
+	}
+	resp3 := h.openStream(t, ctx, "/v1/runs/"+id+"/events?stream=1&after=2", nil)
+	defer resp3.Body.Close()
+	evs, err = readSSE(t, newSSEReader(resp3.Body), 1000)
+	if resp3.StatusCode != http.StatusOK || !errors.Is(err, io.EOF) || len(evs) != 1 || evs[0].id != "3" {
+		t.Errorf("stream of an ended run from seq 2: %d %v %v; want run.completed (3), then the end", resp3.StatusCode, evs, err)
 	}
 }
 

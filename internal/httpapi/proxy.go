@@ -244,15 +244,6 @@ type chatAnswer struct {
 	} `json:"usage"`
 }
 
-// modelRequestData is the model.request event: the call's shape, not its prompt.
-type modelRequestData struct {
-	Model     string `json:"model"`
-	Messages  int    `json:"messages"`
-	Tools     int    `json:"tools"`
-	MaxTokens int64  `json:"maxTokens"`
-	Remaining int    `json:"remainingRequests"`
-}
-
 // modelResponseData is the model.response event: how the call ended, which
 // tools the model asked for, and what it cost, not the content.
 type modelResponseData struct {
@@ -307,10 +298,13 @@ func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// (3) The budget. From here on the call is paid for, so the rest runs
-	// to the end even if the sandbox hangs up.
+	// (3) The budget, and the model.request event in the same write
+	// (belay.ModelCallStore). From here on the call is paid for, so the
+	// rest runs to the end even if the sandbox hangs up.
 	ctx := context.WithoutCancel(r.Context())
-	res, err := s.store.ConsumeModelRequest(ctx, claims.RunID, claims.Model, s.now())
+	res, err := s.store.SpendModelRequest(ctx, claims.RunID, belay.ModelCall{
+		Model: claims.Model, Messages: call.messages, Tools: call.tools, MaxTokens: call.maxTokens,
+	}, s.now())
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -327,13 +321,8 @@ func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// (4) Record, attach the key, forward.
-	s.appendControlEvent(ctx, r, claims.RunID, "", belay.EventModelRequest, modelRequestData{
-		Model: claims.Model, Messages: call.messages, Tools: call.tools,
-		MaxTokens: call.maxTokens, Remaining: res.Remaining,
-	})
-	// The upstream call alone also ends when the server closes; what it
-	// spent is still recorded below.
+	// (4) Attach the key, forward. The upstream call alone also ends when
+	// the server closes; what it spent is still recorded below.
 	upCtx, cancelUp := s.detached(r)
 	answer, status, err := s.forward(upCtx, r, call.body)
 	cancelUp()
@@ -360,11 +349,9 @@ func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// The budget was spent whether or not the upstream answered, so the
-	// request is counted either way.
-	if uerr := s.store.RecordUsage(ctx, claims.RunID, delta); uerr != nil {
-		s.log.Error("record usage", "request_id", st.id, "run_id", claims.RunID, "err", uerr.Error())
-	}
-	s.appendControlEvent(ctx, r, claims.RunID, "", belay.EventModelResponse, resp)
+	// request is counted either way, with its model.response event in the
+	// same write.
+	s.recordModelResponse(ctx, r, claims.RunID, delta, resp)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -444,6 +431,19 @@ func (s *Server) upstreamFailure(ctx context.Context, r *http.Request, status in
 	}
 	s.log.Warn("model provider call failed: "+msg, attrs...)
 	return belay.Errorf(belay.CodeUpstream, "%s", msg)
+}
+
+// recordModelResponse adds a call's usage and appends its model.response
+// event in one write. A failure is logged and does not fail the call,
+// whose answer the sandbox has paid for.
+func (s *Server) recordModelResponse(ctx context.Context, r *http.Request, runID string, delta belay.UsageDelta, resp modelResponseData) {
+	raw, err := json.Marshal(resp)
+	if err == nil {
+		_, err = s.store.RecordModelResponse(ctx, runID, delta, belay.EventInput{Time: s.now(), Type: belay.EventModelResponse, Data: raw})
+	}
+	if err != nil {
+		s.log.Error("record model response", "request_id", stateOf(r).id, "run_id", runID, "err", err.Error())
+	}
 }
 
 // noteBudgetExhausted appends the run's one budget.exhausted event. The

@@ -266,6 +266,7 @@ func New(cfg Config) (*Server, error) {
 		mux.HandleFunc("POST /internal/v1/claim", s.handleClaim)
 		mux.HandleFunc("/", s.handleNoRoute)
 	}
+	s.public.HandleFunc("GET /v1/config", s.handleConfig)
 	s.public.HandleFunc("POST /v1/runs", s.handleCreateRun)
 	s.public.HandleFunc("GET /v1/runs", s.handleListRuns)
 	s.public.HandleFunc("GET /v1/runs/{id}", s.handleGetRun)

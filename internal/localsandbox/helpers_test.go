@@ -175,6 +175,7 @@ func testSpec(tb testing.TB, runID, instruction string) belay.SandboxSpec {
 		Checks:          [][]string{{"python3", "-m", "pytest", "-q"}},
 		MaxSteps:        3,
 		WallTimeSeconds: 60,
+		Deadline:        time.Now().Add(60 * time.Second).UTC(),
 		Approval:        belay.ApprovalConfig{Policy: belay.PolicyDenyAll},
 		Tokens:          canaryTokens(tb),
 	}

@@ -172,6 +172,11 @@ func TestRealEntryFixesTheExample(t *testing.T) {
 	if strings.Contains(seen.String(), "bt1.") {
 		t.Error("a run token (bt1.…) shows up in the log, an artifact or an event")
 	}
+	// The run's goroutine removes the workspace after it records the
+	// outcome; Close waits for it.
+	if err := orch.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
 	left, err := os.ReadDir(filepath.Join(dir, "w"))
 	if err != nil {
 		t.Fatal(err)

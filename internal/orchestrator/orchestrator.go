@@ -536,12 +536,15 @@ func (o *Orchestrator) Activate(ctx context.Context, runID string) (belay.Run, b
 		return belay.Run{}, belay.SandboxSpec{}, fmt.Errorf("activate run %s: %w", runID, err)
 	}
 
-	ttl := time.Duration(req.WallTimeSeconds)*time.Second + o.tokenGrace
+	// The capability and the tokens end TokenGrace after the run's
+	// deadline, the one clock of the run (belay.Run.Deadline).
+	expires := run.Deadline().Add(o.tokenGrace)
+	ttl := expires.Sub(now)
 	if err := o.store.ActivateCapability(ctx, belay.Capability{
 		RunID:       runID,
 		Model:       req.Model,
 		State:       belay.CapabilityActive,
-		ExpiresAt:   now.Add(ttl),
+		ExpiresAt:   expires,
 		MaxRequests: req.MaxRequests(),
 	}); err != nil {
 		return run, belay.SandboxSpec{}, fmt.Errorf("activate capability of run %s: %w", runID, err)
@@ -572,17 +575,18 @@ func (o *Orchestrator) Launch(ctx context.Context, spec belay.SandboxSpec) (bela
 	return sb, nil
 }
 
-// Wait waits for the sandbox to exit, until the run's wall time (counted
-// from its start) is over or ctx ends. It then gives the sandbox StopGrace
-// to exit on its own, stops it and collects what it left. The error says
-// why the sandbox did not simply exit: ErrTimeout, the cause of ctx
-// (ErrCancelled, ErrShutdown), or a failure to wait.
+// Wait waits for the sandbox to exit, until the run's deadline
+// (belay.Run.Deadline, the clock the sandbox keeps too) or the end of ctx.
+// It then gives the sandbox StopGrace to exit on its own, stops it and
+// collects what it left. The error says why the sandbox did not simply
+// exit: ErrTimeout, the cause of ctx (ErrCancelled, ErrShutdown), or a
+// failure to wait.
 func (o *Orchestrator) Wait(ctx context.Context, run belay.Run, sb belay.Sandbox) (belay.SandboxExit, error) {
-	limit := time.Duration(run.Request.WallTimeSeconds) * time.Second
-	if !run.StartedAt.IsZero() {
-		limit -= o.now().Sub(run.StartedAt)
+	deadline := run.Deadline()
+	if deadline.IsZero() {
+		return belay.SandboxExit{}, fmt.Errorf("wait for sandbox of run %s: the run has not started, so it has no deadline", run.ID)
 	}
-	wctx, cancel := context.WithTimeoutCause(ctx, max(limit, 0), ErrTimeout)
+	wctx, cancel := context.WithTimeoutCause(ctx, max(deadline.Sub(o.now()), 0), ErrTimeout)
 	exit, err := sb.Wait(wctx)
 	cause := context.Cause(wctx)
 	interrupted := wctx.Err() != nil
@@ -666,6 +670,13 @@ type Outcome struct {
 // "result validation: ..." when the sandbox exited 0, and with "sandbox
 // exited with code N" when it did not (a crash); a bundle that claims
 // completed from a sandbox that exited non-zero is not believed either.
+//
+// A sandbox still running at the deadline (ErrTimeout) that then exits on
+// its own within StopGrace with a bundle ValidateResult accepts is judged
+// by that bundle: it kept to the same deadline (belay.Run.Deadline), so
+// the run records what the sandbox did by then, with the sandbox's own
+// reason (its wall-time reason when its time ran out), rather than a
+// second verdict on the same clock. Without such a bundle it is timeout.
 // files are the outputs the sandbox uploaded (Collect).
 func Validate(run belay.Run, exit belay.SandboxExit, files map[string][]byte, waitErr error) Outcome {
 	out := Outcome{Status: belay.StatusFailed, Files: files}
@@ -677,6 +688,9 @@ func Validate(run belay.Run, exit belay.SandboxExit, files map[string][]byte, wa
 		out.Reason = ReasonShutdown
 		return out
 	case errors.Is(waitErr, ErrTimeout):
+		if bundled, ok := bundleOutcome(run, exit, files); ok && !exit.Signaled {
+			return bundled
+		}
 		out.Reason = ReasonTimeout
 		return out
 	case waitErr != nil:
@@ -687,21 +701,11 @@ func Validate(run belay.Run, exit belay.SandboxExit, files map[string][]byte, wa
 		return out
 	}
 
-	b, err := belay.ValidateResult(run.ID, run.Request, files)
-	crashed := exit.ExitCode != 0
-	if err == nil && (b.Status == belay.StatusFailed || !crashed) {
-		code := b.ExitCode
-		out.Status, out.ExitCode = b.Status, &code
-		out.Checks, out.ChangedFiles = b.Checks, b.ChangedFiles
-		if b.Status == belay.StatusFailed {
-			out.Reason = b.Reason
-			if out.Reason == "" {
-				out.Reason = "failed"
-			}
-		}
-		return out
+	if bundled, ok := bundleOutcome(run, exit, files); ok {
+		return bundled
 	}
-	if crashed {
+	_, err := belay.ValidateResult(run.ID, run.Request, files)
+	if crashed := exit.ExitCode != 0; crashed {
 		code := exit.ExitCode
 		out.ExitCode = &code
 		out.Reason = fmt.Sprintf("sandbox exited with code %d", code)
@@ -709,6 +713,25 @@ func Validate(run belay.Run, exit belay.SandboxExit, files map[string][]byte, wa
 	}
 	out.Reason = ReasonValidationPrefix + belay.ErrorMessage(err)
 	return out
+}
+
+// bundleOutcome is the outcome the sandbox's result bundle gives, when
+// belay.ValidateResult accepts it and the exit code agrees (a bundle that
+// claims completed from a sandbox that exited non-zero is not believed).
+func bundleOutcome(run belay.Run, exit belay.SandboxExit, files map[string][]byte) (Outcome, bool) {
+	b, err := belay.ValidateResult(run.ID, run.Request, files)
+	if err != nil || (b.Status != belay.StatusFailed && exit.ExitCode != 0) {
+		return Outcome{}, false
+	}
+	code := b.ExitCode
+	out := Outcome{Status: b.Status, ExitCode: &code, Checks: b.Checks, ChangedFiles: b.ChangedFiles, Files: files}
+	if b.Status == belay.StatusFailed {
+		out.Reason = b.Reason
+		if out.Reason == "" {
+			out.Reason = "failed"
+		}
+	}
+	return out, true
 }
 
 // FinalCheck is the data of the check.finished events Finalize appends,

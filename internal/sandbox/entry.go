@@ -165,7 +165,9 @@ func specPeer(spec belay.SandboxSpec) *APIPeer {
 func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 	spec, tokens := se.spec, se.tokens
 	log := e.log.With("run_id", spec.RunID)
-	deadline := start.Add(time.Duration(spec.WallTimeSeconds) * time.Second)
+	// The run's one clock: the control plane set the deadline when the run
+	// started, so a late launch shortens this sandbox's time, not the run's.
+	deadline := spec.Deadline
 	ws := se.ws
 
 	// Owner-only, as the local launcher lays it out: home holds git's and
@@ -231,10 +233,10 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Token: tokens.Approvals,
 		Timeout: time.Duration(spec.Approval.TimeoutSeconds) * time.Second, Now: e.now, Logger: log,
 	})
-	// The agent loop gets the wall time less a reserve for the final checks;
-	// the commands it runs end by the same moment.
-	wall := time.Duration(spec.WallTimeSeconds) * time.Second
-	agentDeadline := deadline.Add(-min(wall/4, maxCheckReserve))
+	// The agent loop gets the time left until the deadline less a reserve
+	// for the final checks (a quarter of what was left when the entry
+	// started); the commands it runs end by the same moment.
+	agentDeadline := deadline.Add(-min(max(deadline.Sub(start), 0)/4, maxCheckReserve))
 	tools, err := NewTools(ToolsConfig{
 		RepoDir: git.Dir, HomeDir: git.Home, AllowedPaths: spec.AllowedPaths, Checks: spec.Checks,
 		Deadline: agentDeadline, Approvals: approvals, Events: events, Transcript: transcript, Now: e.now, Logger: log,
@@ -243,7 +245,7 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 		return err
 	}
 	defer tools.Close()
-	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base.Commit, "files": files})
+	events.Emit(belay.EventSandboxReady, map[string]any{"baseCommit": base.Commit, "files": files, "deadline": deadline})
 
 	agentCtx, cancelAgent := context.WithDeadline(ctx, agentDeadline)
 	defer cancelAgent()

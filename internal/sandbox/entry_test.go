@@ -55,7 +55,7 @@ func prepareSandbox(t *testing.T, script scriptedmodel.Script, req map[string]an
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := belay.SpecFor(runID, run.Request)
+	spec := belay.SpecForRun(run)
 	spec.APIBaseURL = "http://belay"
 	spec.APISocket = filepath.Join(ws, "api.sock")
 	spec.Attempt = run.Attempt
@@ -351,6 +351,9 @@ func TestEntryRefusesToStart(t *testing.T) {
 		{"running as root", func(t *testing.T, sr *sandboxRun) {
 			sr.cmd.SysProcAttr = nil
 		}, true, "refusing to run as root"},
+		{"spec without a deadline", func(t *testing.T, sr *sandboxRun) {
+			sr.rewriteSpec(t, func(spec *belay.SandboxSpec) { spec.Deadline = time.Time{} })
+		}, false, "deadline is missing"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -407,6 +410,76 @@ func TestEntryEndsTheAgentLoopAtTheWallTime(t *testing.T) {
 		if c.ExitCode == -1 {
 			t.Errorf("checks[%d] did not run: %s", i, c.OutputTail)
 		}
+	}
+}
+
+// rewriteSpec changes the spec.json the entry will read.
+func (sr *sandboxRun) rewriteSpec(t *testing.T, edit func(*belay.SandboxSpec)) {
+	t.Helper()
+	path := filepath.Join(sr.ws, "spec.json")
+	b, err := os.ReadFile(path)
+	mustDo(t, err)
+	var spec belay.SandboxSpec
+	mustDo(t, json.Unmarshal(b, &spec))
+	edit(&spec)
+	b, err = json.Marshal(spec)
+	mustDo(t, err)
+	mustDo(t, os.WriteFile(path, b, 0o644))
+}
+
+// TestEntryKeepsToTheRunDeadline starts the entry for a run with 60 s of
+// wall time of which only 6 s are left (a late launch): the entry keeps to
+// the run's deadline, not to 60 s from its own start. The agent loop ends
+// a quarter of the time left before it (wall_time_exceeded), the final
+// checks still run in that quarter, the entry is done by the deadline, and
+// its sandbox.ready event names the deadline it kept to.
+func TestEntryKeepsToTheRunDeadline(t *testing.T) {
+	script := scriptedmodel.Script{Name: "slow", Steps: []scriptedmodel.Step{
+		{DelayMs: 600_000, Content: "never answered"},
+	}}
+	req := runRequest(belay.PolicyDenyAll, 0)
+	req["wallTimeSeconds"] = 60
+	sr := prepareSandbox(t, script, req)
+	deadline := time.Now().Add(6 * time.Second).UTC()
+	sr.rewriteSpec(t, func(spec *belay.SandboxSpec) { spec.Deadline = deadline })
+	if err := sr.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if code := sr.wait(t); code != 0 {
+		t.Fatalf("entry exited %d\nstderr:\n%s", code, sr.stderr.String())
+	}
+	// The final check ends by the deadline, writing the bundle takes a
+	// moment more; 60 s from the start would be far later.
+	if over := time.Since(deadline); over > 5*time.Second {
+		t.Errorf("the entry ended %v after the run's deadline", over)
+	}
+	bundle, err := belay.ValidateResult(sr.runID, sr.req, sr.outputs(t))
+	if err != nil {
+		t.Fatalf("the control plane would refuse the bundle: %v", err)
+	}
+	if bundle.Status != belay.StatusFailed || bundle.Reason != sandbox.ReasonWallTime {
+		t.Errorf("bundle status %s, reason %q; want failed, %s", bundle.Status, bundle.Reason, sandbox.ReasonWallTime)
+	}
+	for i, c := range bundle.Checks {
+		if c.ExitCode == -1 {
+			t.Errorf("checks[%d] did not run in the time kept for them: %s", i, c.OutputTail)
+		}
+	}
+	page, err := sr.cp.store.ListEvents(context.Background(), sr.runID, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready struct {
+		Deadline time.Time `json:"deadline"`
+	}
+	found := false
+	for _, e := range page.Events {
+		if e.Type == belay.EventSandboxReady {
+			found = json.Unmarshal(e.Data, &ready) == nil
+		}
+	}
+	if !found || !ready.Deadline.Equal(deadline) {
+		t.Errorf("sandbox.ready names deadline %v (found %v); want the spec's, %v", ready.Deadline, found, deadline)
 	}
 }
 

@@ -84,6 +84,9 @@ func checkSpec(s belay.SandboxSpec) error {
 		return fmt.Errorf("maxSteps is %d; it must be at least 1", s.MaxSteps)
 	case s.WallTimeSeconds < 1:
 		return fmt.Errorf("wallTimeSeconds is %d; it must be at least 1", s.WallTimeSeconds)
+	case s.Deadline.IsZero():
+		// The entry keeps to the run's deadline, never to its own start.
+		return errors.New("deadline is missing")
 	}
 	for i, c := range s.Checks {
 		if len(c) == 0 || c[0] == "" {

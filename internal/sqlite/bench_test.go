@@ -1,10 +1,12 @@
 package sqlite_test
 
 import (
+	"context"
 	"database/sql"
 	"path/filepath"
 	"testing"
 
+	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/sqlite"
 	"github.com/belay-dev/belay/internal/storetest"
 )
@@ -46,4 +48,19 @@ func BenchmarkEmptyWriteTransaction(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+// BenchmarkModelCall times a proxied model call's two store writes against
+// an empty write transaction and a one-row write on the store's own
+// connection (see storetest.BenchmarkModelCall).
+func BenchmarkModelCall(b *testing.B) {
+	var st *sqlite.Store
+	open := func(tb testing.TB, opts storetest.Options) belay.Store {
+		st = openStore(tb, opts).(*sqlite.Store)
+		return st
+	}
+	storetest.BenchmarkModelCall(b, open,
+		storetest.Baseline{Name: "empty write tx", Write: func(ctx context.Context) error { return sqlite.EmptyWrite(st, ctx) }},
+		storetest.Baseline{Name: "one-row write", Write: func(ctx context.Context) error { return sqlite.OneRowWrite(st, ctx, "run-bench-call") }},
+	)
 }

@@ -63,20 +63,8 @@ func (s *Store) ConsumeModelRequest(ctx context.Context, runID, model string, no
 		if !errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("spend request: %w", err)
 		}
-		c, err := loadCapability(ctx, tx, runID)
-		switch {
-		case belay.IsCode(err, belay.CodeNotFound):
-			res = belay.ConsumeResult{Outcome: belay.ConsumeInactive}
-		case err != nil:
-			return err
-		case c.State != belay.CapabilityActive || c.Model != model:
-			res = belay.ConsumeResult{Outcome: belay.ConsumeInactive}
-		case !now.Before(c.ExpiresAt):
-			res = belay.ConsumeResult{Outcome: belay.ConsumeExpired, Remaining: max(c.MaxRequests-c.UsedRequests, 0)}
-		default:
-			res = belay.ConsumeResult{Outcome: belay.ConsumeExhausted}
-		}
-		return nil
+		res, err = refusal(ctx, tx, runID, model, now)
+		return err
 	})
 	if err != nil {
 		return belay.ConsumeResult{}, wrap("consume model request of run "+runID, err)

@@ -55,6 +55,7 @@ type Store struct {
 	writer     *sql.DB
 	reader     *sql.DB
 	spend      *sql.Stmt // prepared once: ConsumeModelRequest is the model proxy's hot path
+	calls      modelCallStmts
 	bufferSize int
 	log        *slog.Logger
 }
@@ -109,6 +110,10 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		writer.Close()
 		return nil, fmt.Errorf("sqlite: open %s: prepare: %w", path, err)
 	}
+	if s.calls, err = prepareModelCalls(ctx, writer); err != nil {
+		writer.Close()
+		return nil, fmt.Errorf("sqlite: open %s: prepare: %w", path, err)
+	}
 
 	reader, err := sql.Open("sqlite", dsn(path, true))
 	if err != nil {
@@ -131,7 +136,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 // Close closes both connection pools. The database file stays, with
 // everything committed.
 func (s *Store) Close() error {
-	return errors.Join(s.spend.Close(), s.reader.Close(), s.writer.Close())
+	return errors.Join(s.spend.Close(), s.calls.close(), s.reader.Close(), s.writer.Close())
 }
 
 // dsn is the driver's data source name for path. Every connection gets

@@ -40,6 +40,7 @@ func Run(t *testing.T, open func(tb testing.TB, opts Options) belay.Store) {
 	t.Run("concurrency", func(t *testing.T) { testConcurrency(t, open) })
 	t.Run("claims", func(t *testing.T) { testClaims(t, open) })
 	t.Run("sandbox_events", func(t *testing.T) { testSandboxEvents(t, open) })
+	t.Run("model_calls", func(t *testing.T) { testModelCalls(t, open) })
 	t.Run("deliveries", func(t *testing.T) { testDeliveries(t, open) })
 }
 
