@@ -38,7 +38,8 @@ unset BELAY_TOKEN # the CLI reads the token belay serve writes into the data dir
 
 if [[ -n ${BELAY_MODEL_API_URL:-} ]]; then
 	: "${BELAY_MODEL:?set BELAY_MODEL to the model name at that provider}"
-	if [[ -z ${BELAY_MODEL_API_KEY:-} && -z ${BELAY_MODEL_API_KEY_FILE:-} ]]; then
+	# Bedrock signs with the AWS credentials; the others need a key.
+	if [[ ${BELAY_MODEL_PROVIDER:-openai} != bedrock && -z ${BELAY_MODEL_API_KEY:-} && -z ${BELAY_MODEL_API_KEY_FILE:-} ]]; then
 		echo "demo: BELAY_MODEL_API_URL is set; set BELAY_MODEL_API_KEY or BELAY_MODEL_API_KEY_FILE too" >&2
 		exit 1
 	fi
@@ -46,7 +47,7 @@ if [[ -n ${BELAY_MODEL_API_URL:-} ]]; then
 else
 	export BELAY_MODEL=${BELAY_MODEL:-scripted-fix-calc}
 	export BELAY_SCRIPTED_MODEL=$root/examples/sessions/fix-calc.json
-	say "model: scripted session examples/sessions/fix-calc.json (offline; set BELAY_MODEL_API_URL for a real provider)"
+	say "model: scripted session examples/sessions/fix-calc.json in the ${BELAY_MODEL_PROVIDER:-openai} wire format (offline; set BELAY_MODEL_API_URL for a real provider)"
 fi
 
 server=""

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"strings"
 
+	"github.com/belay-dev/belay/internal/anthropic"
 	"github.com/belay-dev/belay/internal/embedded"
 )
 
@@ -28,6 +28,12 @@ an S3 one, when it is another). The table must exist, or pass
 --create-table; the bucket must exist. Serve one table from one belay at a
 time: at start it ends the runs a previous process left running.
 
+The model provider is OpenAI-compatible by default; --model-provider
+anthropic speaks Anthropic's Messages API (the key as for openai), and
+--model-provider bedrock Amazon Bedrock's Converse API, signed with the
+default AWS credentials (no key). The sandbox speaks chat completions to
+belay whichever it is.
+
 With --triggers, GitHub's webhooks are served at POST /v1/webhooks/github
 (signed with BELAY_GITHUB_WEBHOOK_SECRET), and runs they start get safe
 outputs: a branch belay/<runId>, a pull request and a comment.
@@ -45,8 +51,13 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen `host:port` (BELAY_ADDR; default "+embedded.DefaultAddr+")")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory`: database, artifacts, token files (BELAY_DATA_DIR)")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "the one `model` runs may use (BELAY_MODEL)")
+	fs.StringVar(&cfg.Provider.Kind, "model-provider", cfg.Provider.Kind,
+		"the model provider: openai (any OpenAI-compatible API), anthropic or bedrock (BELAY_MODEL_PROVIDER; default openai)")
 	fs.StringVar(&cfg.ModelAPIURL, "model-api-url", cfg.ModelAPIURL,
-		"OpenAI-compatible chat-completions `URL`: https, or http to a loopback address (BELAY_MODEL_API_URL)")
+		"the provider's `URL`: openai, the chat-completions URL; anthropic, the API's base URL (default "+anthropic.DefaultBaseURL+
+			"); bedrock, an endpoint override; https, or http to a loopback address (BELAY_MODEL_API_URL)")
+	fs.StringVar(&cfg.Provider.BedrockRegion, "bedrock-region", cfg.Provider.BedrockRegion,
+		"AWS `region` of Bedrock (BELAY_BEDROCK_REGION; default AWS_REGION or the profile's)")
 	fs.StringVar(&cfg.ModelAPIKeyFile, "model-api-key-file", cfg.ModelAPIKeyFile,
 		"`file` holding the provider key, mode 0600 (BELAY_MODEL_API_KEY_FILE)")
 	fs.StringVar(&cfg.SandboxBin, "sandbox-bin", cfg.SandboxBin,
@@ -120,13 +131,7 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
 	endpoint := "http://" + m.Addr()
 	fmt.Fprintf(w, "belay %s serving on %s\n", version, endpoint)
-	upstream := "scripted session " + cfg.ScriptedModel
-	if cfg.ScriptedModel == "" {
-		if u, err := url.Parse(cfg.ModelAPIURL); err == nil {
-			upstream = u.Scheme + "://" + u.Host + u.Path
-		}
-	}
-	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), upstream)
+	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), m.Upstream())
 	fmt.Fprintf(w, "  data:       %s\n", m.DataDir())
 	runs, artifacts := m.Storage()
 	fmt.Fprintf(w, "  runs:       %s\n", runs)

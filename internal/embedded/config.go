@@ -70,8 +70,12 @@ type Config struct {
 	// Model is the one model runs may use.
 	Model string
 	// ModelAPIURL is the OpenAI-compatible chat-completions endpoint:
-	// https, or plain http to a loopback address.
+	// https, or plain http to a loopback address. With another
+	// Provider.Kind it is that provider's URL (see ProviderConfig).
 	ModelAPIURL string
+	// Provider chooses the model provider: OpenAI-compatible (the zero
+	// value), Anthropic or Bedrock.
+	Provider ProviderConfig
 	// ModelAPIKey is the provider key, or ModelAPIKeyFile a 0600 file
 	// holding it (re-read when the upstream refuses it). Not both.
 	ModelAPIKey     string
@@ -148,6 +152,7 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		ScriptedModel:   get(EnvScriptedModel),
 		Storage:         storageConfigFromEnv(get),
 		Limits:          limitsConfigFromEnv(get),
+		Provider:        providerConfigFromEnv(get),
 		RepoEvents:      repoEventsConfigFromEnv(get),
 		SandboxEventLimits: belay.SandboxEventLimits{
 			MaxEvents: int(positiveFromEnv(get(EnvSandboxEvents))),

@@ -178,59 +178,6 @@ func New(cfg Config) (*Main, error) {
 	return m, nil
 }
 
-// configureUpstream checks the model, the upstream URL and the provider
-// key, or loads the scripted session that replaces them.
-func (m *Main) configureUpstream(cfg *Config) error {
-	if cfg.ModelAPIKey != "" && cfg.ModelAPIKeyFile != "" {
-		return fmt.Errorf("both %s and %s are set; set one", EnvModelAPIKey, EnvModelKeyFile)
-	}
-	if cfg.ScriptedModel != "" {
-		if cfg.ModelAPIURL != "" {
-			return fmt.Errorf("both %s and %s are set; a scripted session replaces the upstream, so set one", EnvScriptedModel, EnvModelAPIURL)
-		}
-		script, err := scriptedmodel.LoadScript(cfg.ScriptedModel)
-		if err != nil {
-			return fmt.Errorf("%s (--scripted-model): %w", EnvScriptedModel, err)
-		}
-		m.script = &script
-		if cfg.Model == "" {
-			cfg.Model = DefaultScriptedModelName
-		}
-	}
-	if cfg.Model == "" {
-		return fmt.Errorf("%s (--model) is not set: name the one model runs may use", EnvModel)
-	}
-	if m.script != nil {
-		if cfg.ModelAPIKey == "" && cfg.ModelAPIKeyFile == "" {
-			// The scripted server needs no key, but the proxy always
-			// sends one; a fixed, harmless value.
-			cfg.ModelAPIKey = "scripted-model-needs-no-key"
-		}
-	} else {
-		if cfg.ModelAPIURL == "" {
-			return fmt.Errorf("%s (--model-api-url) is not set: give the OpenAI-compatible chat-completions URL (or %s for an offline scripted session)", EnvModelAPIURL, EnvScriptedModel)
-		}
-		if err := httpapi.ValidateUpstreamURL(cfg.ModelAPIURL, true); err != nil {
-			return fmt.Errorf("%s (--model-api-url): %w", EnvModelAPIURL, err)
-		}
-		if cfg.ModelAPIKey == "" && cfg.ModelAPIKeyFile == "" {
-			return fmt.Errorf("no provider key: set %s, or %s (--model-api-key-file) to a 0600 file holding it", EnvModelAPIKey, EnvModelKeyFile)
-		}
-	}
-	if cfg.ModelAPIKeyFile != "" {
-		src := secrets.NewFileSource(cfg.ModelAPIKeyFile)
-		// Read it once now, so a bad file stops the start rather than
-		// the first run.
-		if _, err := src.Fetch(context.Background()); err != nil {
-			return fmt.Errorf("%s (--model-api-key-file): %w", EnvModelKeyFile, err)
-		}
-		m.apiKey = src
-	} else {
-		m.apiKey = secrets.NewStaticSource(cfg.ModelAPIKey)
-	}
-	return nil
-}
-
 // Token returns the control-plane token, for the CLI and tests. It is a
 // secret: never log it.
 func (m *Main) Token() string { return m.token }
@@ -324,25 +271,11 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("run-token signer: %w", err)
 	}
 
-	upstream := httpapi.Upstream{URL: m.cfg.ModelAPIURL, AllowLoopbackHTTP: true}
-	if m.script != nil {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return fmt.Errorf("listen for the scripted model: %w", err)
-		}
-		model := scriptedmodel.New(*m.script, scriptedmodel.WithClock(m.now))
-		served := make(chan error, 1)
-		go func() { served <- model.Serve(ln) }()
-		cleanups = append(cleanups, func() error {
-			_ = ln.Close()
-			return <-served
-		})
-		upstream.URL = "http://" + ln.Addr().String() + "/v1/chat/completions"
-		m.log.Info("serving a scripted model session as the upstream", "script", m.cfg.ScriptedModel, "url", upstream.URL)
+	upstream, stopUpstream, err := m.openUpstream(ctx)
+	if err != nil {
+		return err
 	}
-	keys := secrets.NewCache(m.apiKey, 0, m.now)
-	upstream.Key = keys.Get
-	upstream.OnUnauthorized = keys.Invalidate
+	cleanups = append(cleanups, stopUpstream)
 
 	// The launcher serves the handler's internal routes to each sandbox,
 	// the orchestrator drives the launcher, and the handler drives the

@@ -18,11 +18,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+
+	"github.com/belay-dev/belay/internal/anthropic"
+	"github.com/belay-dev/belay/internal/bedrock"
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/localdir"
+	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/sqlite"
 	"github.com/belay-dev/belay/internal/token"
+	upstreampkg "github.com/belay-dev/belay/internal/upstream"
 	"github.com/belay-dev/belay/internal/wire"
 )
 
@@ -80,15 +86,42 @@ func (o *recordingOrchestrator) calls() (submitted, cancelled []string) {
 	return append([]string(nil), o.submitted...), append([]string(nil), o.cancelled...)
 }
 
+// The providers every proxy test runs against: the OpenAI-compatible
+// forwarder, Anthropic's Messages API and Bedrock's Converse API. Neither
+// Anthropic nor Bedrock can run here: their upstream is this loopback
+// server speaking their wire format (checking Bedrock's SigV4 signature
+// with the harness's credentials, through aws-sdk-go-v2's signer).
+var providers = []string{upstreampkg.KindOpenAI, upstreampkg.KindAnthropic, upstreampkg.KindBedrock}
+
+// forEachProvider runs test once per provider, as a subtest.
+func forEachProvider(t *testing.T, test func(t *testing.T, provider string)) {
+	for _, p := range providers {
+		t.Run(p, func(t *testing.T) { test(t, p) })
+	}
+}
+
+// The harness's AWS credentials for Bedrock: the secret access key is the
+// harness's key canary, so every check that the provider key never leaks
+// covers it.
+const (
+	harnessRegion      = "us-west-2"
+	harnessAccessKeyID = "AKIDHARNESS000000001"
+)
+
 // upstream is a real loopback model provider: it counts calls, records the
 // Authorization header and body of each, and answers with respond.
 type upstream struct {
-	srv     *httptest.Server
-	calls   atomic.Int64
-	mu      sync.Mutex
-	auths   []string
-	bodies  [][]byte
-	respond atomic.Pointer[http.HandlerFunc]
+	provider string
+	creds    aws.Credentials
+	srv      *httptest.Server
+	calls    atomic.Int64
+	mu       sync.Mutex
+	auths    []string
+	headers  []http.Header
+	bodies   [][]byte
+	paths    []string
+	sigErrs  []string
+	respond  atomic.Pointer[http.HandlerFunc]
 }
 
 // completion is a chat-completions answer asking for one tool call.
@@ -97,20 +130,50 @@ const completion = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"m
 	`"tool_calls":[{"id":"call_1","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"calc.py\"}"}}]}}],` +
 	`"usage":{"prompt_tokens":11,"completion_tokens":7,"total_tokens":18}}`
 
-func newUpstream(tb testing.TB) *upstream {
+// anthropicCompletion is completion as the Messages API says it.
+const anthropicCompletion = `{"id":"msg_1","type":"message","role":"assistant","model":"test-model-1",` +
+	`"content":[{"type":"tool_use","id":"call_1","name":"read_file","input":{"path":"calc.py"}}],` +
+	`"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":11,"output_tokens":7}}`
+
+// bedrockCompletion is completion as the Converse API says it.
+const bedrockCompletion = `{"output":{"message":{"role":"assistant","content":[` +
+	`{"toolUse":{"toolUseId":"call_1","name":"read_file","input":{"path":"calc.py"}}}]}},` +
+	`"stopReason":"tool_use","usage":{"inputTokens":11,"outputTokens":7,"totalTokens":18},"metrics":{"latencyMs":1}}`
+
+func newUpstream(tb testing.TB, provider, secret string) *upstream {
 	tb.Helper()
-	u := &upstream{}
+	u := &upstream{provider: provider, creds: aws.Credentials{
+		AccessKeyID: harnessAccessKeyID, SecretAccessKey: secret, SessionToken: "harness-session-token",
+	}}
+	answer := map[string]string{
+		upstreampkg.KindOpenAI: completion, upstreampkg.KindAnthropic: anthropicCompletion, upstreampkg.KindBedrock: bedrockCompletion,
+	}[provider]
 	u.setResponse(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, completion)
+		_, _ = io.WriteString(w, answer)
 	})
 	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		u.calls.Add(1)
+		var sigErr error
+		if provider == upstreampkg.KindBedrock {
+			sigErr = scriptedmodel.VerifySigV4(r, body, u.creds, harnessRegion, "bedrock", time.Now())
+		}
 		u.mu.Lock()
 		u.auths = append(u.auths, r.Header.Get("Authorization"))
+		u.headers = append(u.headers, r.Header.Clone())
 		u.bodies = append(u.bodies, body)
+		u.paths = append(u.paths, r.URL.Path)
+		if sigErr != nil {
+			u.sigErrs = append(u.sigErrs, sigErr.Error())
+		}
 		u.mu.Unlock()
+		if sigErr != nil {
+			w.Header().Set("X-Amzn-Errortype", "InvalidSignatureException")
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = io.WriteString(w, `{"message":"signature mismatch"}`)
+			return
+		}
 		(*u.respond.Load())(w, r)
 	}))
 	tb.Cleanup(u.srv.Close)
@@ -119,7 +182,14 @@ func newUpstream(tb testing.TB) *upstream {
 
 func (u *upstream) setResponse(h http.HandlerFunc) { u.respond.Store(&h) }
 
-func (u *upstream) url() string { return u.srv.URL + "/v1/chat/completions" }
+// url is what the provider is configured with: the chat-completions URL,
+// the Messages API's base URL, or Bedrock's endpoint.
+func (u *upstream) url() string {
+	if u.provider == upstreampkg.KindOpenAI {
+		return u.srv.URL + "/v1/chat/completions"
+	}
+	return u.srv.URL
+}
 
 func (u *upstream) lastBody(tb testing.TB) map[string]any {
 	tb.Helper()
@@ -133,6 +203,73 @@ func (u *upstream) lastBody(tb testing.TB) map[string]any {
 		tb.Fatalf("upstream body is not JSON: %v", err)
 	}
 	return m
+}
+
+// checkForwarded asserts what the last call sent: the run's model, the
+// proxy's max-tokens cap of 4096, no stream, and chatBody's system
+// prompt, one user message and one tool, in the provider's own terms.
+func (u *upstream) checkForwarded(tb testing.TB) {
+	tb.Helper()
+	sent := u.lastBody(tb)
+	u.mu.Lock()
+	path := u.paths[len(u.paths)-1]
+	u.mu.Unlock()
+	count := func(v any) int { l, _ := v.([]any); return len(l) }
+	switch u.provider {
+	case upstreampkg.KindOpenAI:
+		if sent["stream"] != false || sent["max_tokens"] != float64(4096) || sent["model"] != testModel || count(sent["messages"]) != 2 {
+			tb.Errorf("forwarded body %v: want stream false, max_tokens 4096, the run's model, 2 messages", sent)
+		}
+	case upstreampkg.KindAnthropic:
+		if path != "/v1/messages" || sent["model"] != testModel || sent["max_tokens"] != float64(4096) ||
+			(sent["stream"] != nil && sent["stream"] != false) || count(sent["system"]) != 1 || count(sent["messages"]) != 1 || count(sent["tools"]) != 1 {
+			tb.Errorf("forwarded %s %v: want the Messages API, max_tokens 4096, the run's model, 1 system block, 1 message, 1 tool", path, sent)
+		}
+	case upstreampkg.KindBedrock:
+		ic, _ := sent["inferenceConfig"].(map[string]any)
+		tc, _ := sent["toolConfig"].(map[string]any)
+		if path != "/model/"+testModel+"/converse" || ic["maxTokens"] != float64(4096) ||
+			count(sent["system"]) != 1 || count(sent["messages"]) != 1 || count(tc["tools"]) != 1 {
+			tb.Errorf("forwarded %s %v: want Converse for the run's model, maxTokens 4096, 1 system block, 1 message, 1 tool", path, sent)
+		}
+	}
+}
+
+// checkCredential asserts that every call carried the provider's credential
+// and nothing else: the key as a bearer token (OpenAI-compatible,
+// Anthropic), or a SigV4 signature by the harness's credentials that the
+// server verified, with no key at all (Bedrock).
+func (u *upstream) checkCredential(tb testing.TB, key string) {
+	tb.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.auths) == 0 {
+		tb.Fatal("upstream was never called")
+	}
+	for i, auth := range u.auths {
+		switch u.provider {
+		case upstreampkg.KindBedrock:
+			if !strings.HasPrefix(auth, "AWS4-HMAC-SHA256 Credential="+harnessAccessKeyID+"/") {
+				tb.Errorf("upstream call %d: Authorization %q is not a SigV4 signature by the configured credentials", i, auth)
+			}
+			if u.headers[i].Get("X-Api-Key") != "" {
+				tb.Errorf("upstream call %d carries an X-Api-Key", i)
+			}
+			var wire bytes.Buffer
+			_ = u.headers[i].Write(&wire)
+			wire.Write(u.bodies[i])
+			if strings.Contains(wire.String(), key) {
+				tb.Errorf("upstream call %d carries the secret access key itself", i)
+			}
+		default:
+			if auth != "Bearer "+key {
+				tb.Errorf("upstream call %d had Authorization %q, want the provider key", i, auth)
+			}
+		}
+	}
+	if len(u.sigErrs) > 0 {
+		tb.Errorf("Bedrock signatures did not verify: %v", u.sigErrs)
+	}
 }
 
 // syncBuffer collects log output from concurrent handlers.
@@ -154,6 +291,8 @@ func (b *syncBuffer) String() string {
 }
 
 type harnessOptions struct {
+	// provider is the upstream's kind; empty means openai.
+	provider   string
 	bufferSize int
 	heartbeat  time.Duration
 	poll       time.Duration
@@ -183,7 +322,10 @@ type harness struct {
 	api          *httpapi.Server
 	logs         *syncBuffer
 	controlToken string
+	// key is the provider key: for Bedrock, the secret access key of the
+	// credentials that sign the calls.
 	key          string
+	provider     string
 	unauthorized atomic.Int64
 	// transcript keeps every answer body and header the tests read, so a
 	// test can prove a secret never appeared in one.
@@ -222,14 +364,18 @@ func openArtifacts(tb testing.TB) belay.ArtifactStore {
 
 func newHarness(tb testing.TB, opts harnessOptions) *harness {
 	tb.Helper()
+	if opts.provider == "" {
+		opts.provider = upstreampkg.KindOpenAI
+	}
 	h := &harness{
 		clock:        &clock{t: time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)},
 		orch:         &recordingOrchestrator{},
-		up:           newUpstream(tb),
 		logs:         &syncBuffer{},
 		controlToken: "ctl-" + randomHex(tb, 24),
 		key:          "sk-canary-" + randomHex(tb, 16),
+		provider:     opts.provider,
 	}
+	h.up = newUpstream(tb, opts.provider, h.key)
 	h.store = openStore(tb, opts.bufferSize)
 	var changed func() <-chan struct{}
 	if opts.watch {
@@ -249,26 +395,48 @@ func newHarness(tb testing.TB, opts harnessOptions) *harness {
 		logger = slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	keyErr := opts.keyErr
+	key := func(context.Context) (string, error) {
+		if keyErr != nil {
+			return "", keyErr
+		}
+		return h.key, nil
+	}
+	onUnauthorized := func() { h.unauthorized.Add(1) }
+	up := httpapi.Upstream{Timeout: opts.timeout, MaxResponseBytes: opts.maxResp}
+	switch opts.provider {
+	case upstreampkg.KindOpenAI:
+		up.URL, up.AllowLoopbackHTTP, up.Key, up.OnUnauthorized = h.up.url(), true, key, onUnauthorized
+	case upstreampkg.KindAnthropic:
+		p, err := anthropic.New(anthropic.Config{BaseURL: h.up.url(), AllowLoopbackHTTP: true, Key: key,
+			OnUnauthorized: onUnauthorized, Now: h.clock.Now})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		up.Provider = p
+	case upstreampkg.KindBedrock:
+		creds := aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			if keyErr != nil {
+				return aws.Credentials{}, keyErr
+			}
+			return h.up.creds, nil
+		})
+		p, err := bedrock.New(context.Background(), bedrock.Config{Endpoint: h.up.url(), AllowLoopbackHTTP: true,
+			AWS: &aws.Config{Region: harnessRegion, Credentials: creds}, Now: h.clock.Now})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		up.Provider = p
+	default:
+		tb.Fatalf("unknown provider %q", opts.provider)
+	}
 	cfg := httpapi.Config{
-		Store:         h.store,
-		Artifacts:     h.artifacts,
-		Orchestrator:  h.orch,
-		Signer:        signer,
-		Limits:        belay.DefaultLimits(testModel),
-		ControlTokens: []string{"ctl-other-" + randomHex(tb, 16), h.controlToken},
-		Upstream: httpapi.Upstream{
-			URL:               h.up.url(),
-			AllowLoopbackHTTP: true,
-			Key: func(context.Context) (string, error) {
-				if keyErr != nil {
-					return "", keyErr
-				}
-				return h.key, nil
-			},
-			OnUnauthorized:   func() { h.unauthorized.Add(1) },
-			Timeout:          opts.timeout,
-			MaxResponseBytes: opts.maxResp,
-		},
+		Store:              h.store,
+		Artifacts:          h.artifacts,
+		Orchestrator:       h.orch,
+		Signer:             signer,
+		Limits:             belay.DefaultLimits(testModel),
+		ControlTokens:      []string{"ctl-other-" + randomHex(tb, 16), h.controlToken},
+		Upstream:           up,
 		Logger:             logger,
 		Now:                h.clock.Now,
 		HeartbeatInterval:  opts.heartbeat,
@@ -554,11 +722,4 @@ func doURL(tb testing.TB, method, url, bearer string, body []byte) answer {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return answer{status: resp.StatusCode, header: resp.Header, body: b}
-}
-
-// authHeaders returns the Authorization header of every upstream call.
-func (u *upstream) authHeaders() []string {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return append([]string(nil), u.auths...)
 }

@@ -7,13 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
-	"strings"
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/token"
+	"github.com/belay-dev/belay/internal/upstream"
 )
 
 // Bounds of the model proxy.
@@ -52,55 +50,19 @@ var chatRequestKeySet = func() map[string]bool {
 // no-op, however many calls are refused concurrently.
 const budgetExhaustedBatch = "control:budget.exhausted"
 
-// ValidateUpstreamURL checks the model provider's URL: https, a host, no
-// credentials, no query, no fragment, a path ending in /chat/completions.
-// Plain http is allowed only when allowLoopbackHTTP is set and the host is
-// a loopback address (a model served on the same machine). The error never
-// repeats the URL, which could hold credentials.
+// ValidateUpstreamURL checks an OpenAI-compatible provider's URL: https, a
+// host, no credentials, no query, no fragment, a path ending in
+// /chat/completions; plain http only with allowLoopbackHTTP and a loopback
+// host. See upstream.ValidateChatURL, which it is.
 func ValidateUpstreamURL(raw string, allowLoopbackHTTP bool) error {
-	u, err := url.Parse(raw)
-	if err != nil || raw == "" {
-		return errors.New("upstream URL is not a valid URL")
-	}
-	switch {
-	case u.Opaque != "" || u.Host == "":
-		return errors.New("upstream URL must be absolute, with a host")
-	case u.User != nil:
-		return errors.New("upstream URL must not carry credentials; the key comes from the key source")
-	case u.RawQuery != "" || u.ForceQuery:
-		return errors.New("upstream URL must not have a query")
-	case u.Fragment != "" || strings.Contains(raw, "#"):
-		return errors.New("upstream URL must not have a fragment")
-	case !strings.HasSuffix(u.Path, "/chat/completions"):
-		return errors.New("upstream URL path must end with /chat/completions")
-	}
-	switch u.Scheme {
-	case "https":
-		return nil
-	case "http":
-		if !allowLoopbackHTTP {
-			return errors.New("upstream URL must use https")
-		}
-		if !IsLoopbackHost(u.Hostname()) {
-			return errors.New("upstream URL may use plain http only for a loopback host")
-		}
-		return nil
-	default:
-		return errors.New("upstream URL must use https")
-	}
+	return upstream.ValidateChatURL(raw, allowLoopbackHTTP)
 }
 
 // IsLoopbackHost reports whether host (a URL's Hostname, without port or
 // brackets) is "localhost" or a loopback IP address: the one place where
 // belay lets a secret travel over plain http. The handler, the client and
 // the embedded server all ask it, so they agree on what loopback is.
-func IsLoopbackHost(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+func IsLoopbackHost(host string) bool { return upstream.IsLoopbackHost(host) }
 
 // chatCall is a validated chat-completions call, ready to forward.
 type chatCall struct {
@@ -361,65 +323,45 @@ func (s *Server) handleChatCompletions(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(answer)
 }
 
-// forward sends body to the upstream with the provider key and returns its
-// answer, or an upstream_error (unavailable when there is no key) whose
-// message names the problem and, for an HTTP error, the status, but never
-// the upstream's body or the key. status is the upstream's HTTP status when
-// it answered.
+// forward sends body through the configured provider (OpenAI-compatible,
+// Anthropic or Bedrock; see internal/upstream) within the upstream timeout
+// and returns its chat.completion answer. A failure is an upstream_error
+// whose message names the problem and, for an HTTP error, the provider's
+// status (a 429 or a 5xx is named as it is), but never the provider's body
+// or the key; unavailable when the key or the AWS credentials could not be
+// had; invalid when the request cannot be said in the provider's format.
+// status is the provider's HTTP status when it answered. The provider sends
+// the call once: it never retries what the budget paid for once.
 func (s *Server) forward(ctx context.Context, r *http.Request, body []byte) (answer []byte, status int, err error) {
 	st := stateOf(r)
-	key, err := s.upstream.Key(ctx)
-	if err != nil || key == "" {
-		// The key source's error text is the operator's to read; it names
-		// a file or a secret, not the key.
-		detail := "empty key"
-		if err != nil {
-			detail = err.Error()
-		}
-		s.log.Error("model provider key unavailable", "request_id", st.id, "run_id", st.runID, "err", detail)
-		return nil, 0, belay.Errorf(belay.CodeUnavailable, "the model provider key is unavailable")
-	}
 	ctx, cancel := context.WithTimeout(ctx, s.upstream.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.upstream.URL, bytes.NewReader(body))
-	if err != nil {
-		return nil, 0, fmt.Errorf("build upstream request: %w", err)
+	answer, err = s.provider.Complete(ctx, upstream.Call{Body: body, MaxResponseBytes: s.upstream.MaxResponseBytes})
+	if err == nil {
+		return answer, http.StatusOK, nil
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("Authorization", "Bearer "+key)
-
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return nil, 0, s.upstreamFailure(ctx, r, 0, "could not reach the model provider", err)
-	}
-	defer resp.Body.Close()
-	answer, err = io.ReadAll(io.LimitReader(resp.Body, s.upstream.MaxResponseBytes+1))
-	if err != nil {
-		return nil, resp.StatusCode, s.upstreamFailure(ctx, r, resp.StatusCode, "could not read the model provider's answer", err)
-	}
-	switch {
-	case resp.StatusCode == http.StatusUnauthorized:
-		if s.upstream.OnUnauthorized != nil {
-			s.upstream.OnUnauthorized()
+	ue := upstream.AsError(err)
+	switch ue.Kind {
+	case upstream.ErrKeyUnavailable:
+		// The source's error names a file, a secret or the credential
+		// chain, never the key: the operator's to read.
+		detail := ue.Message
+		if ue.Err != nil {
+			detail = ue.Err.Error()
 		}
-		return nil, resp.StatusCode, s.upstreamFailure(ctx, r, resp.StatusCode, "the model provider refused the key (HTTP 401)", nil)
-	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		return nil, resp.StatusCode, s.upstreamFailure(ctx, r, resp.StatusCode,
-			fmt.Sprintf("the model provider answered HTTP %d", resp.StatusCode), nil)
-	case int64(len(answer)) > s.upstream.MaxResponseBytes:
-		return nil, resp.StatusCode, s.upstreamFailure(ctx, r, resp.StatusCode,
-			fmt.Sprintf("the model provider's answer is larger than %d bytes", s.upstream.MaxResponseBytes), nil)
-	case !json.Valid(answer) || !isObject(answer):
-		return nil, resp.StatusCode, s.upstreamFailure(ctx, r, resp.StatusCode, "the model provider's answer is not a JSON object", nil)
+		s.log.Error("model provider credential unavailable", "request_id", st.id, "run_id", st.runID, "err", detail)
+		return nil, 0, belay.Errorf(belay.CodeUnavailable, "%s", ue.Message)
+	case upstream.ErrInvalid:
+		return nil, 0, belay.FieldErrorf(belay.CodeInvalid, ue.Field, "%s", ue.Message)
 	}
-	return answer, resp.StatusCode, nil
+	return nil, ue.Status, s.upstreamFailure(ctx, r, ue.Status, ue.Message, ue.Err)
 }
 
 // upstreamFailure logs an upstream problem (a warning: the operator may need
 // to act, but it is not belay's bug) and builds the caller's upstream_error.
-// A transport error's text names the URL, never headers, so it is safe to
-// log; the caller's message gets neither.
+// The providers' details name a URL, a status, an error type or a request
+// id, never headers or the answer's body, so they are safe to log; the
+// caller's message gets none of them.
 func (s *Server) upstreamFailure(ctx context.Context, r *http.Request, status int, msg string, err error) error {
 	st := stateOf(r)
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {

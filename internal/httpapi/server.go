@@ -19,6 +19,7 @@ import (
 	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/intake"
 	"github.com/belay-dev/belay/internal/token"
+	"github.com/belay-dev/belay/internal/upstream"
 	"github.com/belay-dev/belay/internal/wire"
 )
 
@@ -27,7 +28,7 @@ const (
 	DefaultHeartbeatInterval   = 15 * time.Second
 	DefaultEventsPollInterval  = 250 * time.Millisecond
 	DefaultUpstreamTimeout     = 120 * time.Second
-	DefaultMaxUpstreamResponse = 4 << 20
+	DefaultMaxUpstreamResponse = upstream.DefaultMaxResponseBytes
 )
 
 // MinControlTokenLen is the shortest control-plane token New accepts: a
@@ -36,8 +37,8 @@ const (
 const MinControlTokenLen = 16
 
 // Config is what the handler needs. Store, Artifacts, Orchestrator, Signer,
-// Limits.Model, ControlTokens and Upstream (URL and Key) are required; the
-// rest have defaults.
+// Limits.Model, ControlTokens and Upstream (a Provider, or URL and Key) are
+// required; the rest have defaults.
 type Config struct {
 	Store     belay.Store
 	Artifacts belay.ArtifactStore
@@ -98,6 +99,12 @@ type Config struct {
 // Upstream is the operator's model provider, which the model proxy forwards
 // to after a call has passed every check.
 type Upstream struct {
+	// Provider sends the calls (internal/modelprovider builds one from the
+	// operator's configuration: OpenAI-compatible, Anthropic or Bedrock).
+	// When nil, the handler builds the OpenAI-compatible provider from
+	// URL, AllowLoopbackHTTP, Key, OnUnauthorized and Client, which are
+	// then required; with a Provider they are unused.
+	Provider upstream.Provider
 	// URL is the chat-completions endpoint; see ValidateUpstreamURL.
 	URL string
 	// AllowLoopbackHTTP permits plain http to a loopback host, for a model
@@ -128,7 +135,7 @@ type Server struct {
 	limits        belay.Limits
 	controlHash   [][sha256.Size]byte
 	upstream      Upstream
-	client        *http.Client
+	provider      upstream.Provider
 	log           *slog.Logger
 	now           func() time.Time
 	heartbeat     time.Duration
@@ -175,11 +182,19 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("httpapi: Config.Limits.MaxBodyBytes must be positive (see belay.DefaultLimits)")
 	case len(cfg.ControlTokens) == 0:
 		return nil, errors.New("httpapi: at least one control-plane token is required")
-	case cfg.Upstream.Key == nil:
-		return nil, errors.New("httpapi: Config.Upstream.Key is required")
+	case cfg.Upstream.Provider == nil && cfg.Upstream.Key == nil:
+		return nil, errors.New("httpapi: Config.Upstream.Key (or Provider) is required")
 	}
-	if err := ValidateUpstreamURL(cfg.Upstream.URL, cfg.Upstream.AllowLoopbackHTTP); err != nil {
-		return nil, fmt.Errorf("httpapi: %w", err)
+	provider := cfg.Upstream.Provider
+	if provider == nil {
+		p, err := upstream.NewOpenAI(upstream.OpenAIConfig{
+			URL: cfg.Upstream.URL, AllowLoopbackHTTP: cfg.Upstream.AllowLoopbackHTTP,
+			Key: cfg.Upstream.Key, OnUnauthorized: cfg.Upstream.OnUnauthorized, Client: cfg.Upstream.Client,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("httpapi: %w", err)
+		}
+		provider = p
 	}
 	s := &Server{
 		store:         cfg.Store,
@@ -188,6 +203,7 @@ func New(cfg Config) (*Server, error) {
 		signer:        cfg.Signer,
 		limits:        cfg.Limits,
 		upstream:      cfg.Upstream,
+		provider:      provider,
 		log:           cfg.Logger,
 		now:           cfg.Now,
 		entropy:       cfg.Entropy,
@@ -233,13 +249,6 @@ func New(cfg Config) (*Server, error) {
 	if s.upstream.MaxResponseBytes <= 0 {
 		s.upstream.MaxResponseBytes = DefaultMaxUpstreamResponse
 	}
-	if cfg.Upstream.Client != nil {
-		c := *cfg.Upstream.Client
-		s.client = &c
-	} else {
-		s.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
-	}
-	s.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 	var err error
 	s.intake = cfg.Intake

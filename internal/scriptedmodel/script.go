@@ -1,8 +1,16 @@
-// Package scriptedmodel is a scripted, deterministic stand-in for an
-// OpenAI-compatible chat-completions server. It is not a model: it answers
-// each request with the next step of a script, so tests and the offline demo
-// run the real agent loop, the real SDK and the real model proxy over real
-// HTTP without a provider, a key or a network.
+// Package scriptedmodel is a scripted, deterministic stand-in for a model
+// provider. It is not a model: it answers each request with the next step
+// of a script, so tests and the offline demo run the real agent loop, the
+// real SDKs and the real model proxy over real HTTP without a provider, a
+// key or a network.
+//
+// It speaks three wire formats, chosen by the request's path: OpenAI chat
+// completions (…/chat/completions), Anthropic's Messages API (/v1/messages)
+// and Bedrock's Converse API (/model/{modelId}/converse), so one script
+// drives the proxy through each of its providers. For the last two it
+// checks each request as the real API does (turn order, tool_use answered
+// by tool_result, no blank text, and with WithSigV4 Bedrock's SigV4
+// signature) and answers in the API's own shapes, errors included.
 //
 // # Script format
 //
@@ -22,7 +30,9 @@
 //   - content: the assistant's text (sent as null when empty).
 //   - toolCalls: function calls, each a tool name and a JSON object of
 //     arguments; the reply carries them with ids "call_<step>_<i>", type
-//     "function" and the arguments encoded as a JSON string, as OpenAI does.
+//     "function" and the arguments encoded as a JSON string, as OpenAI does
+//     (Anthropic: tool_use blocks "toolu_scripted_<step>_<i>"; Bedrock:
+//     toolUse blocks "tooluse_scripted_<step>_<i>").
 //   - delayMs: wait this long before answering (the wait ends early when the
 //     client goes away), to test timeouts and cancellation.
 //   - status: answer this HTTP status (400–599) with an OpenAI-style error
@@ -35,7 +45,7 @@
 // # Statelessness
 //
 // The server keeps no conversation state: the step it answers is the number
-// of assistant messages already in the request's "messages". Runs therefore
+// of assistant messages (turns) already in the request's messages. Runs therefore
 // share one server safely, and a repeated request gets the same answer. Past
 // the last step it answers a single "finish" call, so a loop always ends.
 //

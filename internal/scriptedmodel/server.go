@@ -1,16 +1,12 @@
 package scriptedmodel
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 )
@@ -26,6 +22,7 @@ type Server struct {
 	script    Script
 	now       func() time.Time
 	onRequest func(Request)
+	sigv4     *sigv4Check
 
 	mu       sync.Mutex
 	requests []Request
@@ -58,17 +55,31 @@ func New(script Script, opts ...Option) *Server {
 	return s
 }
 
-// Request is what the server recorded of one chat-completions request: what
-// reached the "provider", and how the server answered.
+// Request is what the server recorded of one request: what reached the
+// "provider", and how the server answered. Whatever the wire format, its
+// fields say the same things (the messages in chat-completions terms: a
+// tool result is a "tool" message), so one test reads all three.
 type Request struct {
-	// Step is the script step answered (the number of assistant messages in
-	// the request), or -1 when the body could not be read as a request.
+	// Format is the wire format: FormatOpenAI, FormatAnthropic or
+	// FormatBedrock.
+	Format string
+	// Step is the script step answered (the number of assistant messages,
+	// or turns, in the request), or -1 when the body could not be read as
+	// a request.
 	Step          int
 	Path          string
 	Authorization string
-	Model         string
-	// MaxTokens is max_tokens, or max_completion_tokens when only that is
-	// set; 0 when neither is.
+	// APIKey is the X-Api-Key header, if any.
+	APIKey string
+	// Signed reports that the request's SigV4 signature was checked and
+	// matched (Bedrock, with WithSigV4); SignatureError says why a check
+	// failed (the request was then answered 403).
+	Signed         bool
+	SignatureError string
+	Model          string
+	// MaxTokens is max_tokens (Anthropic; OpenAI's, or its
+	// max_completion_tokens when only that is set) or
+	// inferenceConfig.maxTokens (Bedrock); 0 when none is set.
 	MaxTokens int64
 	// Tools are the names of the function tools offered.
 	Tools    []string
@@ -81,7 +92,9 @@ type Request struct {
 	CompletionTokens int64
 }
 
-// Message is one request message, its content flattened to text.
+// Message is one request message, its content flattened to text. A system
+// prompt is a "system" message; an Anthropic or Bedrock tool result is a
+// "tool" message of its own, with ToolCallID.
 type Message struct {
 	Role       string
 	Content    string
@@ -105,8 +118,8 @@ func (s *Server) Requests() []Request {
 	return out
 }
 
-// Calls returns how many chat-completions requests the server has received,
-// answered or not.
+// Calls returns how many requests the server has received on its three
+// routes, answered or not.
 func (s *Server) Calls() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -136,42 +149,55 @@ func (s *Server) Serve(ln net.Listener) error {
 	return fmt.Errorf("scripted model: serve: %w", err)
 }
 
-// ServeHTTP answers one chat-completions request with the script's next step.
+// ServeHTTP answers one request with the script's next step, in the wire
+// format its path names: OpenAI chat completions (a path ending in
+// /chat/completions), Anthropic's Messages API (/v1/messages) or Bedrock's
+// Converse API (/model/{modelId}/converse).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !strings.HasSuffix(r.URL.Path, "/chat/completions") {
-		writeError(w, http.StatusNotFound, "not_found", "the scripted model serves only .../chat/completions")
+	f, ok := formatFor(r.URL.Path)
+	if !ok {
+		writeError(w, http.StatusNotFound, "not_found",
+			"the scripted model serves .../chat/completions, /v1/messages and /model/{modelId}/converse")
 		return
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST")
+		f.writeError(w, http.StatusMethodNotAllowed, "", "use POST")
 		return
 	}
-	rec := Request{Step: -1, Path: r.URL.Path, Authorization: r.Header.Get("Authorization")}
+	rec := Request{Step: -1, Format: f.name, Path: r.URL.Path, Authorization: r.Header.Get("Authorization"),
+		APIKey: r.Header.Get("X-Api-Key")}
 
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
 	if err != nil {
 		rec.Status = http.StatusRequestEntityTooLarge
 		s.record(rec)
-		writeError(w, rec.Status, "too_large", fmt.Sprintf("request body over %d bytes", MaxRequestBytes))
+		f.writeError(w, rec.Status, "", fmt.Sprintf("request body over %d bytes", MaxRequestBytes))
 		return
 	}
-	var req wireRequest
-	if err := json.Unmarshal(body, &req); err != nil || req.Model == "" || req.Messages == nil {
-		rec.Status = http.StatusBadRequest
-		s.record(rec)
-		writeError(w, rec.Status, "invalid_request", "body must be a chat-completions request with model and messages")
-		return
+	if f.name == FormatBedrock && s.sigv4 != nil {
+		if err := VerifySigV4(r, body, s.sigv4.creds, s.sigv4.region, "bedrock", s.now()); err != nil {
+			rec.Status = http.StatusForbidden
+			rec.SignatureError = err.Error()
+			s.record(rec)
+			f.writeError(w, rec.Status, "InvalidSignatureException", "the request signature does not match: "+err.Error())
+			return
+		}
+		rec.Signed = true
 	}
-	rec.Model = req.Model
-	rec.MaxTokens = req.maxTokens()
-	rec.Tools = req.toolNames()
-	rec.Messages = req.messages()
-	rec.Step = assistantCount(rec.Messages)
-	if req.Stream {
+	p, perr := f.parse(r, body)
+	rec.Model, rec.MaxTokens, rec.Tools, rec.Messages = p.model, p.maxTokens, p.tools, p.messages
+	if p.messages != nil {
+		rec.Step = assistantCount(rec.Messages)
+	}
+	if perr != nil {
+		code := ""
 		rec.Status = http.StatusBadRequest
+		if he, ok := errors.AsType[*httpError](perr); ok {
+			rec.Status, code = he.status, he.code
+		}
 		s.record(rec)
-		writeError(w, rec.Status, "invalid_request", "the scripted model does not stream")
+		f.writeError(w, rec.Status, code, perr.Error())
 		return
 	}
 
@@ -183,8 +209,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var reply []byte
 	var replyErr error
 	if step.Raw == "" && step.Status == 0 {
-		if reply, replyErr = s.completion(&rec, req.Model, body, step); replyErr != nil {
+		rec.PromptTokens, rec.CompletionTokens = tokens(promptBytes(rec.Messages)), tokens(completionBytes(step))
+		if reply, replyErr = f.render(s, &rec, body, step); replyErr != nil {
 			rec.Status = http.StatusInternalServerError
+			rec.PromptTokens, rec.CompletionTokens = 0, 0
 		}
 	}
 	s.record(rec)
@@ -206,13 +234,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, step.Raw)
 	case step.Status != 0:
 		code := step.ErrorCode
-		if code == "" {
+		if code == "" && f.name == FormatOpenAI {
 			code = "scripted_error"
 		}
-		writeError(w, step.Status, code, fmt.Sprintf("scripted error at step %d of %q", rec.Step, s.script.Name))
+		f.writeError(w, step.Status, code, fmt.Sprintf("scripted error at step %d of %q", rec.Step, s.script.Name))
 	case replyErr != nil:
-		writeError(w, rec.Status, "bad_script", replyErr.Error())
+		f.writeError(w, rec.Status, "bad_script", replyErr.Error())
 	default:
+		if f.name == FormatBedrock {
+			w.Header().Set("X-Amzn-Requestid", fmt.Sprintf("scripted-%d-%s", rec.Step, shortHash(body)))
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(reply)
 	}
@@ -236,84 +267,6 @@ func (s *Server) record(rec Request) {
 	if s.onRequest != nil {
 		s.onRequest(rec)
 	}
-}
-
-// completion renders step as an OpenAI chat.completion object and notes
-// the usage it reports in rec.
-func (s *Server) completion(rec *Request, model string, body []byte, step Step) ([]byte, error) {
-	type function struct {
-		Name      string `json:"name"`
-		Arguments string `json:"arguments"`
-	}
-	type toolCall struct {
-		ID       string   `json:"id"`
-		Type     string   `json:"type"`
-		Function function `json:"function"`
-	}
-	type message struct {
-		Role      string     `json:"role"`
-		Content   *string    `json:"content"`
-		Refusal   *string    `json:"refusal"`
-		ToolCalls []toolCall `json:"tool_calls,omitempty"`
-	}
-	type choice struct {
-		Index        int     `json:"index"`
-		Message      message `json:"message"`
-		Logprobs     *string `json:"logprobs"`
-		FinishReason string  `json:"finish_reason"`
-	}
-	type usage struct {
-		PromptTokens     int64 `json:"prompt_tokens"`
-		CompletionTokens int64 `json:"completion_tokens"`
-		TotalTokens      int64 `json:"total_tokens"`
-	}
-	type completion struct {
-		ID                string   `json:"id"`
-		Object            string   `json:"object"`
-		Created           int64    `json:"created"`
-		Model             string   `json:"model"`
-		SystemFingerprint string   `json:"system_fingerprint"`
-		Choices           []choice `json:"choices"`
-		Usage             usage    `json:"usage"`
-	}
-
-	msg := message{Role: "assistant"}
-	completionBytes := len(step.Content)
-	if step.Content != "" {
-		msg.Content = &step.Content
-	}
-	for i, tc := range step.ToolCalls {
-		args := "{}"
-		if len(tc.Arguments) > 0 {
-			var buf bytes.Buffer
-			if err := json.Compact(&buf, tc.Arguments); err != nil {
-				return nil, fmt.Errorf("step %d tool call %d: arguments are not JSON: %w", rec.Step, i, err)
-			}
-			args = buf.String()
-		}
-		msg.ToolCalls = append(msg.ToolCalls, toolCall{
-			ID:       fmt.Sprintf("call_%d_%d", rec.Step, i),
-			Type:     "function",
-			Function: function{Name: tc.Name, Arguments: args},
-		})
-		completionBytes += len(tc.Name) + len(args)
-	}
-	finish := "stop"
-	if len(msg.ToolCalls) > 0 {
-		finish = "tool_calls"
-	}
-	sum := sha256.Sum256(body)
-	prompt, compl := tokens(promptBytes(rec.Messages)), tokens(completionBytes)
-	rec.PromptTokens, rec.CompletionTokens = prompt, compl
-	return json.Marshal(completion{
-		ID:                "chatcmpl-scripted-" + hex.EncodeToString(sum[:8]),
-		Object:            "chat.completion",
-		Created:           s.now().Unix(),
-		Model:             model,
-		SystemFingerprint: "belay-scripted-model",
-		Choices:           []choice{{Index: 0, Message: msg, FinishReason: finish}},
-		Usage:             usage{PromptTokens: prompt, CompletionTokens: compl, TotalTokens: prompt + compl},
-	})
 }
 
 // tokens estimates a token count from a byte count: about four bytes a
@@ -341,91 +294,4 @@ func assistantCount(msgs []Message) int {
 		}
 	}
 	return n
-}
-
-// writeError answers an OpenAI-style error body.
-func writeError(w http.ResponseWriter, status int, code, message string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-		"message": message,
-		"type":    "scripted_model_error",
-		"param":   nil,
-		"code":    code,
-	}})
-}
-
-// wireRequest is the part of a chat-completions request the server reads;
-// other keys are ignored, as a permissive provider would.
-type wireRequest struct {
-	Model               string        `json:"model"`
-	Messages            []wireMessage `json:"messages"`
-	MaxTokens           int64         `json:"max_tokens"`
-	MaxCompletionTokens int64         `json:"max_completion_tokens"`
-	Stream              bool          `json:"stream"`
-	Tools               []struct {
-		Function struct {
-			Name string `json:"name"`
-		} `json:"function"`
-	} `json:"tools"`
-}
-
-type wireMessage struct {
-	Role       string          `json:"role"`
-	Content    json.RawMessage `json:"content"`
-	ToolCallID string          `json:"tool_call_id"`
-	ToolCalls  []struct {
-		ID       string `json:"id"`
-		Function struct {
-			Name      string `json:"name"`
-			Arguments string `json:"arguments"`
-		} `json:"function"`
-	} `json:"tool_calls"`
-}
-
-func (r wireRequest) maxTokens() int64 {
-	if r.MaxTokens != 0 {
-		return r.MaxTokens
-	}
-	return r.MaxCompletionTokens
-}
-
-func (r wireRequest) toolNames() []string {
-	var names []string
-	for _, t := range r.Tools {
-		names = append(names, t.Function.Name)
-	}
-	return names
-}
-
-func (r wireRequest) messages() []Message {
-	out := make([]Message, 0, len(r.Messages))
-	for _, m := range r.Messages {
-		msg := Message{Role: m.Role, Content: flattenContent(m.Content), ToolCallID: m.ToolCallID}
-		for _, tc := range m.ToolCalls {
-			msg.ToolCalls = append(msg.ToolCalls, MessageToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
-		}
-		out = append(out, msg)
-	}
-	return out
-}
-
-// flattenContent turns a message's content (a string, an array of parts, or
-// null) into its text.
-func flattenContent(raw json.RawMessage) string {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
-	}
-	var parts []struct {
-		Text string `json:"text"`
-	}
-	if json.Unmarshal(raw, &parts) == nil {
-		var b strings.Builder
-		for _, p := range parts {
-			b.WriteString(p.Text)
-		}
-		return b.String()
-	}
-	return ""
 }
