@@ -45,7 +45,7 @@ func main() {
 	if *workspace != "" {
 		code = sandbox.Main(ctx, *workspace)
 	} else {
-		code = sandbox.MainClaim(ctx, os.Getenv, nil)
+		code = sandbox.MainClaim(ctx, os.Getenv, sandbox.ECSTaskARN)
 	}
 	stop()
 	os.Exit(code)

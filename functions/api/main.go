@@ -1,0 +1,39 @@
+// Command api is the Lambda function behind the public REST API's buffered
+// routes: the httpapi handler (through aws-lambda-go-api-proxy) on the
+// DynamoDB store, the S3 artifacts and the Step Functions orchestrator.
+// The README lists its environment.
+package main
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/belay-dev/belay/internal/apigateway"
+	"github.com/belay-dev/belay/internal/lambdaenv"
+)
+
+func main() { lambdaenv.Start("api", build) }
+
+func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigateway.BufferedHandler, error) {
+	store, err := env.Store(ctx, log)
+	if err != nil {
+		return nil, err
+	}
+	artifacts, err := env.Artifacts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	orch, err := env.Orchestrator(ctx, store, log)
+	if err != nil {
+		return nil, err
+	}
+	tokens, err := env.ControlTokens(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, ControlTokens: tokens, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return apigateway.Buffered(apigateway.NoStreams(apigateway.Only(h, apigateway.Public)), apigateway.Options{Logger: log}), nil
+}

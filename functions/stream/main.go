@@ -1,0 +1,38 @@
+// Command stream is the Lambda function behind GET /v1/runs/{id}/events on
+// the public REST API, whose integration streams the response
+// (responseTransferMode STREAM): the run's events as SSE, resumed from
+// DynamoDB at Last-Event-ID, with heartbeats, and closed with a retry hint
+// before the integration's limit so the client reconnects and loses
+// nothing. The README lists its environment.
+package main
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/belay-dev/belay/internal/apigateway"
+	"github.com/belay-dev/belay/internal/lambdaenv"
+)
+
+func main() { lambdaenv.Start("stream", build) }
+
+func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigateway.StreamingHandler, error) {
+	store, err := env.Store(ctx, log)
+	if err != nil {
+		return nil, err
+	}
+	tokens, err := env.ControlTokens(ctx)
+	if err != nil {
+		return nil, err
+	}
+	maxStream, err := env.Seconds(lambdaenv.EnvStreamMaxSeconds, lambdaenv.DefaultStreamMax)
+	if err != nil {
+		return nil, err
+	}
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, ControlTokens: tokens, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return apigateway.Streaming(apigateway.Only(h, apigateway.EventsRoute),
+		apigateway.StreamOptions{Options: apigateway.Options{Logger: log}, MaxDuration: maxStream}), nil
+}
