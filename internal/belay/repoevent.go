@@ -267,3 +267,70 @@ func isPrintableText(s string) bool {
 	}
 	return true
 }
+
+// BusEvent is an EventBridge event as a Lambda target receives it: the
+// envelope, with its detail kept raw for the detail's own strict decoder.
+type BusEvent struct {
+	Version    string          `json:"version"`
+	ID         string          `json:"id"`
+	DetailType string          `json:"detail-type"`
+	Source     string          `json:"source"`
+	Account    string          `json:"account"`
+	Time       time.Time       `json:"time"`
+	Region     string          `json:"region"`
+	Resources  []string        `json:"resources"`
+	Detail     json.RawMessage `json:"detail"`
+}
+
+// CodeCommit's native event of a repository's refs, from the default bus.
+const (
+	CodeCommitSource     = "aws.codecommit"
+	CodeCommitDetailType = "CodeCommit Repository State Change"
+)
+
+// codeCommitDetail is the part of CodeCommit's "Repository State Change"
+// detail belay reads.
+type codeCommitDetail struct {
+	Event             string `json:"event"`
+	RepositoryName    string `json:"repositoryName"`
+	ReferenceType     string `json:"referenceType"`
+	ReferenceFullName string `json:"referenceFullName"`
+	CommitID          string `json:"commitId"`
+	CallerUserArn     string `json:"callerUserArn"`
+}
+
+// RepoEventOf returns the repository event a bus event carries: belay's
+// own normalized event (source belay.repo), or CodeCommit's "Repository
+// State Change" of a branch (created or updated), normalized as a push.
+// ignored is set, with no error, for an event that is no push (a deleted
+// branch, a tag). Returns invalid for anything else or a malformed detail.
+func RepoEventOf(ev BusEvent) (re RepoEvent, ignored string, err error) {
+	switch {
+	case ev.Source == RepoEventSource && ev.DetailType == RepoEventDetailType:
+		re, err = ParseRepoEvent(ev.Detail)
+		return re, "", err
+	case ev.Source == CodeCommitSource && ev.DetailType == CodeCommitDetailType:
+	default:
+		return RepoEvent{}, "", Errorf(CodeInvalid, "an event from %q of type %q is not a repository event", ev.Source, ev.DetailType)
+	}
+	var d codeCommitDetail
+	if err := json.Unmarshal(ev.Detail, &d); err != nil {
+		return RepoEvent{}, "", Errorf(CodeInvalid, "the CodeCommit event's detail is malformed: %v", err)
+	}
+	if d.ReferenceType != "branch" || d.Event == "referenceDeleted" {
+		return RepoEvent{}, fmt.Sprintf("CodeCommit %s of %s %s is not a push to a branch", d.Event, d.ReferenceType, d.ReferenceFullName), nil
+	}
+	re = RepoEvent{
+		Version: RepoEventVersion, Provider: ProviderCodeCommit, Event: RepoEventPush, Action: d.Event,
+		Delivery: ev.ID, Repository: d.RepositoryName,
+		CloneURL: "https://git-codecommit." + ev.Region + ".amazonaws.com/v1/repos/" + d.RepositoryName,
+		Ref:      d.ReferenceFullName, Commit: d.CommitID, Actor: d.CallerUserArn, ReceivedAt: ev.Time.UTC(),
+	}
+	if re.Actor == "" {
+		re.Actor = "unknown"
+	}
+	if err := CheckRepoEvent(re); err != nil {
+		return RepoEvent{}, "", err
+	}
+	return re, "", nil
+}

@@ -218,3 +218,19 @@ func truncate(s string, n int) string {
 	}
 	return s[:n]
 }
+
+// HandleBusEvent is the dispatcher function's handler: the repository
+// event an EventBridge event carries (belay's own, or CodeCommit's),
+// dispatched. An event that is no push answers ignored.
+func (d *Dispatcher) HandleBusEvent(ctx context.Context, ev belay.BusEvent) (Outcome, error) {
+	re, ignored, err := belay.RepoEventOf(ev)
+	switch {
+	case err != nil:
+		d.log.Warn("bus event refused", "event_id", ev.ID, "source", ev.Source, "err", err.Error())
+		return Outcome{}, err
+	case ignored != "":
+		d.log.Info("bus event ignored", "event_id", ev.ID, "reason", ignored)
+		return Outcome{Ignored: ignored}, nil
+	}
+	return d.Dispatch(ctx, re)
+}

@@ -288,3 +288,20 @@ func clip(s string, n int) string {
 	}
 	return s[:n] + "…"
 }
+
+// HandleBusEvent is the publisher function's handler: a run status event
+// from the bus. Runs that have not ended, or that no repository event
+// started, are skipped.
+func (p *Publisher) HandleBusEvent(ctx context.Context, ev belay.BusEvent) (Result, error) {
+	if ev.Source != belay.RunStatusSource || ev.DetailType != belay.RunStatusDetailType {
+		return Result{}, belay.Errorf(belay.CodeInvalid, "an event from %q of type %q is not a run status change", ev.Source, ev.DetailType)
+	}
+	st, err := belay.ParseRunStatusEvent(ev.Detail)
+	if err != nil {
+		return Result{}, err
+	}
+	if !st.Status.Terminal() || st.Trigger == nil {
+		return Result{Skipped: "the run has not ended, or no repository event started it"}, nil
+	}
+	return p.Publish(ctx, st.RunID)
+}
