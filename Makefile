@@ -12,7 +12,7 @@ FUNCTIONS := $(patsubst functions/%/,%,$(wildcard functions/*/))
 FUZZTIME ?= 4s
 BENCHTIME ?= 1s
 
-.PHONY: help build test fuzz lint bench demo serve peers-start peers-stop clean
+.PHONY: help build test fuzz lint bench demo serve synth deploy peers-start peers-stop clean
 
 ## help: list the targets
 help:
@@ -74,6 +74,15 @@ serve: build
 	@if [ ! -x bin/belay ]; then echo "serve: bin/belay was not built (no cmd/belay yet)" >&2; exit 1; fi
 	bin/belay serve
 
+## synth: build the functions, then synthesize the AWS stack (CDK, cdk-nag checked) into cdk.out/
+synth: build
+	scripts/cdk.sh synth --quiet $(CDK_ARGS)
+	@echo "synth: cdk.out/Belay.template.json"
+
+## deploy: build, build and push the sandbox image, and deploy the stack to the account of the AWS credentials (scripts/deploy.sh)
+deploy: build
+	CDK_ARGS="$(CDK_ARGS)" scripts/deploy.sh
+
 ## peers-start: start DynamoDB Local for tests run by hand (then eval the output of scripts/peers.sh env)
 peers-start:
 	scripts/peers.sh start
@@ -82,6 +91,6 @@ peers-start:
 peers-stop:
 	scripts/peers.sh stop
 
-## clean: stop the peers-start DynamoDB Local and remove bin/
+## clean: stop the peers-start DynamoDB Local and remove bin/ and cdk.out/
 clean: peers-stop
-	rm -rf bin
+	rm -rf bin cdk.out

@@ -1,14 +1,18 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"strings"
 
 	"github.com/belay-dev/belay/internal/embedded"
 	"github.com/belay-dev/belay/internal/httpapi"
+	"github.com/belay-dev/belay/internal/sigv4"
 )
 
 // This file holds what the subcommands share: flag parsing, and finding the
@@ -19,6 +23,26 @@ const defaultEndpoint = "http://" + embedded.DefaultAddr
 
 // envEndpoint names the variable holding the API's base URL.
 const envEndpoint = "BELAY_ENDPOINT"
+
+// envAuth says how the client authenticates: "token" (the default, the
+// control-plane token) or "sigv4" (the caller's AWS credentials, for a
+// stack deployed with -c auth=sigv4).
+const envAuth = "BELAY_AUTH"
+
+// sigv4Client returns a client whose calls are signed with the AWS
+// credentials of the default chain (AWS_PROFILE, AWS_REGION, ...).
+func sigv4Client(endpoint string) (*httpapi.Client, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "https" {
+		return nil, fmt.Errorf("%s=sigv4 needs an https %s (the stack's ApiUrl output); got %q", envAuth, envEndpoint, endpoint)
+	}
+	tr, err := sigv4.New(context.Background(), u.Hostname())
+	if err != nil {
+		return nil, err
+	}
+	return httpapi.NewClient(endpoint, sigv4.TokenPlaceholder,
+		httpapi.WithUserAgent("belay-cli/"+version), httpapi.WithHTTPClient(&http.Client{Transport: tr}))
+}
 
 // flagError is a command line the flag package refused; it has already
 // printed why, with the usage.
@@ -113,6 +137,14 @@ func (e *env) client() (*httpapi.Client, error) {
 	endpoint := defaultEndpoint
 	if v, ok := e.lookup(envEndpoint); ok && strings.TrimSpace(v) != "" {
 		endpoint = strings.TrimSpace(v)
+	}
+	auth, _ := e.lookup(envAuth)
+	switch strings.TrimSpace(auth) {
+	case "", "token":
+	case "sigv4":
+		return sigv4Client(endpoint)
+	default:
+		return nil, usagef("%s=%q: want token (the control-plane token, the default) or sigv4 (sign with your AWS credentials)", envAuth, auth)
 	}
 	tok, _ := e.lookup(embedded.EnvToken)
 	tok = strings.TrimSpace(tok)

@@ -81,6 +81,7 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nThe client commands call BELAY_ENDPOINT (default %s) with the token in BELAY_TOKEN,\n"+
 		"or in <data dir>/control-token, which `belay serve` writes on first start.\n"+
+		"With BELAY_AUTH=sigv4 they sign with your AWS credentials instead (a stack deployed with -c auth=sigv4).\n"+
 		"Run `belay COMMAND -h` for a command's flags.\n", defaultEndpoint)
 }
 
