@@ -12,7 +12,13 @@ FUNCTIONS := $(patsubst functions/%/,%,$(wildcard functions/*/))
 FUZZTIME ?= 4s
 BENCHTIME ?= 1s
 
-.PHONY: help build test fuzz lint bench demo serve synth deploy peers-start peers-stop clean
+# The sandbox image for this machine (make image), and the sources it is
+# built from: make demo rebuilds it only when one of them changed.
+IMAGE := bin/belay-sandbox.oci.tar
+IMAGE_SOURCES := $(shell find sandbox-task internal -name '*.go' ! -name '*_test.go' 2>/dev/null) \
+	sandbox-task/image/packages sandbox-task/image/customize.sh scripts/image.sh go.mod go.sum
+
+.PHONY: help build test fuzz lint bench demo serve synth deploy peers-start peers-stop clean image image-fargate
 
 ## help: list the targets
 help:
@@ -39,7 +45,20 @@ build-%:
 	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 go build -tags lambda.norpc -trimpath \
 		-ldflags "-s -w $(LDFLAGS)" -o bin/functions/$*/bootstrap ./functions/$*
 
-## test: start DynamoDB Local, run go test ./... and every fuzz target briefly, stop DynamoDB Local
+## image: build the sandbox image for this machine as bin/belay-sandbox.oci.tar, reproducibly (scripts/image.sh; root, mmdebstrap, umoci)
+image:
+	VERSION=$(VERSION) scripts/image.sh $(IMAGE)
+
+## image-fargate: build the sandbox image for Fargate's architecture (hardening.Sandbox.Architecture) as bin/belay-sandbox-ARCH.oci.tar
+image-fargate:
+	@arch=$$(go run ./sandbox-task/imagespec | sed -n "s/^IMAGE_FARGATE_ARCH='\(.*\)'$$/\1/p"); \
+	echo "VERSION=$(VERSION) BELAY_IMAGE_ARCH=$$arch scripts/image.sh bin/belay-sandbox-$$arch.oci.tar"; \
+	VERSION=$(VERSION) BELAY_IMAGE_ARCH=$$arch scripts/image.sh bin/belay-sandbox-$$arch.oci.tar
+
+$(IMAGE): $(IMAGE_SOURCES)
+	VERSION=$(VERSION) scripts/image.sh $@
+
+## test: build the sandbox image (twice: the digests must match), start DynamoDB Local, run go test ./... and every fuzz target briefly, stop DynamoDB Local
 test:
 	FUZZTIME=$(FUZZTIME) scripts/test.sh
 
@@ -59,12 +78,12 @@ lint:
 	@# so lint never rewrites files that others are editing in this checkout.
 	@go mod tidy -diff || { echo "lint: go.mod/go.sum are not tidy; run go mod tidy"; exit 1; }
 
-## bench: start DynamoDB Local, run every benchmark for BENCHTIME (default 1s), stop DynamoDB Local
+## bench: build the sandbox image, start DynamoDB Local, run every benchmark for BENCHTIME (default 1s), stop DynamoDB Local
 bench:
 	BENCHTIME=$(BENCHTIME) scripts/test.sh bench
 
-## demo: run the main job end to end on the embedded default (scripts/demo.sh)
-demo: build
+## demo: run the main job end to end on the embedded default, its sandbox in the image under runc (scripts/demo.sh)
+demo: build $(IMAGE)
 	@if [ ! -f scripts/demo.sh ]; then \
 		echo "demo: scripts/demo.sh does not exist yet; the demo has not been written" >&2; exit 1; fi
 	bash scripts/demo.sh

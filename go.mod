@@ -29,7 +29,9 @@ require (
 	github.com/google/go-containerregistry v0.22.1
 	github.com/google/go-github/v81 v81.0.0
 	github.com/johannesboyne/gofakes3 v1.2.0
+	github.com/moby/profiles/seccomp v0.3.0
 	github.com/openai/openai-go/v3 v3.98.0
+	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.50.0

@@ -26,6 +26,7 @@ import (
 	"github.com/belay-dev/belay/internal/awstest"
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/rie"
+	"github.com/belay-dev/belay/internal/sandbox/workspace/workspacetest"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/sfn"
 	"github.com/belay-dev/belay/internal/wire"
@@ -297,12 +298,13 @@ func TestDemoRun(t *testing.T) {
 	invocations["steps"]++
 
 	// The entry refuses to run as root: as root, it runs as nobody, in a
-	// workspace of its own (a Fargate task runs it as the image's user).
-	ws, err := os.MkdirTemp("", "belay-demo-ws-")
-	if err != nil {
+	// workspace of its own (a Fargate task runs it as the image's user),
+	// in a folder no sandbox user can write above (workspacetest).
+	base := workspacetest.Dir(t, "demo-")
+	ws := filepath.Join(base, "ws")
+	if err := os.Mkdir(ws, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(ws) })
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	entry := exec.CommandContext(ctx, rie.Bootstrap(t, "sandbox-task"))
@@ -313,11 +315,10 @@ func TestDemoRun(t *testing.T) {
 		}
 		// The bootstrap's directory is 0700 (os.MkdirTemp): a copy the
 		// unprivileged user can run.
-		bin := filepath.Join(ws, "..", filepath.Base(ws)+"-entry")
+		bin := filepath.Join(base, "belay-sandbox")
 		if err := copyFile(rie.Bootstrap(t, "sandbox-task"), bin, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = os.Remove(bin) })
 		entry = exec.CommandContext(ctx, bin)
 		entry.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
 	}

@@ -2,8 +2,10 @@
 # demo.sh — belay's main job, end to end on the embedded default.
 #
 # Starts `belay serve` (SQLite store, in-process orchestrator, the sandbox
-# as a local hardened subprocess) on a free loopback port with a fresh data
-# directory, submits examples/calc (a failing pytest test) through the CLI,
+# as the sandbox image under runc with the Fargate task's hardening: the
+# OCI launcher, which needs root, runc and bin/belay-sandbox.oci.tar from
+# make image) on a free loopback port with a fresh data directory, submits
+# examples/calc (a failing pytest test) through the CLI,
 # follows the run's events live, prints the check results and the patch,
 # and stops everything it started.
 #
@@ -19,17 +21,27 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 say() { printf '\n\033[1mdemo: %s\033[0m\n' "$*"; }
 
-for bin in bin/belay bin/belay-sandbox; do
-	[[ -x $bin ]] || { echo "demo: $bin is missing; run make build (make demo does)" >&2; exit 1; }
-done
-if ! /usr/bin/python3 -m pytest --version >/dev/null 2>&1; then
+[[ -x bin/belay ]] || { echo "demo: bin/belay is missing; run make build (make demo does)" >&2; exit 1; }
+if [[ ${BELAY_LAUNCHER:-oci} == oci ]]; then
+	[[ -f bin/belay-sandbox.oci.tar ]] || { echo "demo: bin/belay-sandbox.oci.tar is missing; run make image (make demo does)" >&2; exit 1; }
+elif ! /usr/bin/python3 -m pytest --version >/dev/null 2>&1; then
+	# The process launcher runs the checks with the host's Python.
 	echo "demo: the sandbox's checks use /usr/bin/python3 with pytest; install it: apt-get install python3-pytest" >&2
 	exit 1
 fi
 
-# Directly under /tmp, so the unprivileged sandbox user can reach its
-# workspace when belay runs as root (a home directory is often 0700).
-data=$(mktemp -d /tmp/belay-demo.XXXXXX)
+# Not under /tmp: the process launcher refuses sandbox workspaces below a
+# folder a sandbox can write (a run could plant a conftest.py there for
+# later runs). As root under /var/lib, which the sandbox uids can pass
+# through (a home directory is often 0700); otherwise in this user's
+# runtime or cache directory.
+if [[ $(id -u) -eq 0 ]]; then
+	base=/var/lib
+else
+	base=${XDG_RUNTIME_DIR:-$HOME/.cache}
+	mkdir -p "$base"
+fi
+data=$(mktemp -d "$base/belay-demo.XXXXXX")
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export BELAY_DATA_DIR=$data
 export BELAY_ADDR=127.0.0.1:$port
@@ -76,17 +88,22 @@ trap 'exit 143' TERM
 say "starting belay serve on $BELAY_ADDR (data in $data)"
 bin/belay serve >"$data/serve.log" 2>&1 &
 server=$!
-for i in $(seq 1 100); do
+# The OCI launcher unpacks the sandbox image once per data directory
+# before belay serve listens: a few seconds on an idle machine, more on a
+# busy one.
+[[ ${BELAY_LAUNCHER:-oci} == oci ]] && echo "demo: unpacking the sandbox image into the fresh data directory first"
+for i in $(seq 1 1800); do
 	if bin/belay runs >/dev/null 2>&1; then break; fi
 	kill -0 "$server" 2>/dev/null || { echo "demo: belay serve exited during start-up" >&2; exit 1; }
-	[[ $i -eq 100 ]] && { echo "demo: belay serve did not answer within 10 s" >&2; exit 1; }
+	[[ $i -eq 1800 ]] && { echo "demo: belay serve did not answer within 3 minutes" >&2; exit 1; }
 	sleep 0.1
 done
 # What isolation each sandbox gets: belay serve's own list (printed just
 # after it starts serving), and the launcher's warning when it could not
 # apply all of it.
 for _ in $(seq 1 20); do grep -q '^  isolation:' "$data/serve.log" && break; sleep 0.1; done
-awk '/^  isolation:/ {p = 1; print; next} p && /^    - / {print; next} {p = 0}' "$data/serve.log"
+grep -E '^  (launcher|image|sandbox|WARNING): ' "$data/serve.log" || true
+awk '/^  (isolation|not applied):/ {p = 1; print; next} p && /^    - / {print; next} {p = 0}' "$data/serve.log"
 grep -o '"msg":"local sandbox: [^"]*"' "$data/serve.log" | sed 's/^"msg":"/  warning: /; s/"$//' || true
 
 say "belay run examples/calc --allow calc.py --check 'python3 -m pytest -q' --follow"

@@ -150,6 +150,7 @@ func TestServe(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--data-dir", data,
+			"--launcher", "process", "--allow-weak-isolation",
 			"--sandbox-bin", embeddedtest.InertSandbox(t), "--sandbox-dir", embeddedtest.SandboxDir(t)},
 			&env{stdout: &stdout, stderr: &stderr, lookup: func(k string) (string, bool) { v, ok := environ[k]; return v, ok }})
 	}()
@@ -177,7 +178,8 @@ func TestServe(t *testing.T) {
 
 	out := stdout.String()
 	for _, want := range []string{"model:      belay-scripted, through scripted session", "token:      from BELAY_TOKEN",
-		"isolation:\n    - ", "empty environment", "clients:    export BELAY_ENDPOINT=" + endpoint, "belay: stopped"} {
+		"launcher:   process (chosen by BELAY_LAUNCHER (--launcher)", "WARNING:    weaker isolation accepted: the process launcher",
+		"isolation:\n    - ", "empty environment", "not applied:\n    - ", "a private /tmp", "clients:    export BELAY_ENDPOINT=" + endpoint, "belay: stopped"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("belay serve's output lacks %q:\n%s", want, out)
 		}
@@ -206,6 +208,19 @@ func TestServeRefusesBadConfig(t *testing.T) {
 		{"upstream with a query", map[string]string{embedded.EnvModel: "m", embedded.EnvModelAPIKey: "k",
 			embedded.EnvModelAPIURL: "https://models.example.com/v1/chat/completions?k=1"}, nil, "must not have a query"},
 		{"positional argument", map[string]string{}, []string{"now"}, "takes no arguments"},
+		{"no launcher", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel},
+			[]string{"--sandbox-image", "/nonexistent/belay-sandbox.oci.tar"},
+			"no sandbox launcher: the OCI launcher cannot run here: BELAY_SANDBOX_IMAGE (--sandbox-image): stat /nonexistent/belay-sandbox.oci.tar"},
+		{"no launcher, how to get one", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel},
+			[]string{"--sandbox-image", "/nonexistent/belay-sandbox.oci.tar"}, "make image"},
+		{"no launcher, how to accept weaker isolation", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel},
+			[]string{"--sandbox-image", "/nonexistent/belay-sandbox.oci.tar"}, "--allow-weak-isolation (BELAY_ALLOW_WEAK_ISOLATION=1)"},
+		{"process launcher without accepting it", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel,
+			embedded.EnvLauncher: "process"}, nil, "BELAY_LAUNCHER (--launcher) is process, which gives weaker isolation"},
+		{"oci launcher without its image", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel},
+			[]string{"--launcher", "oci", "--allow-weak-isolation", "--sandbox-image", "/nonexistent/img.tar"}, "the OCI launcher cannot run here"},
+		{"unknown launcher", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel},
+			[]string{"--launcher", "docker"}, `"docker" is neither oci nor process`},
 		{"not an extension", map[string]string{embedded.EnvModel: "m", embedded.EnvScriptedModel: embeddedtest.Config(t, nil).ScriptedModel},
 			[]string{"--allow-extension", "kt"}, `BELAY_EXTENSIONS (--allow-extension) "kt" is not an extension`},
 		{"empty check", map[string]string{embedded.EnvModel: "m"}, []string{"--allow-check", " "}, `--allow-check " " is empty`},

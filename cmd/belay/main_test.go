@@ -13,10 +13,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/embedded"
@@ -235,21 +238,54 @@ func TestFindsServerAndToken(t *testing.T) {
 		code   int
 		stdout string
 		stderr string
+		// who is "root" or "user" for a case of one kind of user only
+		// (the data directory differs), "" for both. Root's cases run
+		// with a private /var/lib whose belay/control-token holds the
+		// server's token when rootToken.
+		who       string
+		rootToken bool
 	}{
-		{"token file in BELAY_DATA_DIR", s.env, 0, "no runs", ""},
-		{"token in BELAY_TOKEN", map[string]string{envEndpoint: s.env[envEndpoint], embedded.EnvToken: s.main.Token()}, 0, "no runs", ""},
-		{"token file under XDG_DATA_HOME", map[string]string{envEndpoint: s.env[envEndpoint], "XDG_DATA_HOME": xdg}, 0, "no runs", ""},
+		{"token file in BELAY_DATA_DIR", s.env, 0, "no runs", "", "", false},
+		{"token in BELAY_TOKEN", map[string]string{envEndpoint: s.env[envEndpoint], embedded.EnvToken: s.main.Token()}, 0, "no runs", "", "", false},
+		{"token file under XDG_DATA_HOME", map[string]string{envEndpoint: s.env[envEndpoint], "XDG_DATA_HOME": xdg}, 0, "no runs", "", "user", false},
 		{"no token file under XDG_DATA_HOME", map[string]string{envEndpoint: s.env[envEndpoint], "XDG_DATA_HOME": xdg + "/x"},
-			1, "", "no control-plane token: set BELAY_TOKEN, or start `belay serve` once so it writes " + xdg + "/x/belay/control-token"},
+			1, "", "no control-plane token: set BELAY_TOKEN, or start `belay serve` once so it writes " + xdg + "/x/belay/control-token", "user", false},
+		// Root's data directory is /var/lib/belay, whatever XDG_DATA_HOME
+		// and HOME say.
+		{"as root, token file in /var/lib/belay", map[string]string{envEndpoint: s.env[envEndpoint], "XDG_DATA_HOME": xdg + "/x"},
+			0, "no runs", "", "root", true},
+		{"as root, no token file in /var/lib/belay", map[string]string{envEndpoint: s.env[envEndpoint], "XDG_DATA_HOME": xdg},
+			1, "", "no control-plane token: set BELAY_TOKEN, or start `belay serve` once so it writes /var/lib/belay/control-token", "root", false},
 		{"wrong token", map[string]string{envEndpoint: s.env[envEndpoint], embedded.EnvToken: wrong}, 1, "",
-			"belay: missing or invalid control-plane token (unauthorized, request id req_"},
-		{"no token anywhere", map[string]string{envEndpoint: s.env[envEndpoint]}, 1, "", "no control-plane token"},
+			"belay: missing or invalid control-plane token (unauthorized, request id req_", "", false},
+		{"no token anywhere", map[string]string{envEndpoint: s.env[envEndpoint]}, 1, "", "no control-plane token", "", false},
 		{"endpoint over plain http to another host", map[string]string{envEndpoint: "http://belay.example.com", embedded.EnvToken: wrong},
-			1, "", "must use https"},
+			1, "", "must use https", "", false},
 	}
+	me := map[bool]string{true: "root", false: "user"}[os.Geteuid() == 0]
 	for _, tt := range tests {
+		if tt.who != "" && tt.who != me {
+			continue // the other kind of user's lookup (see TestDefaultDataDir for both)
+		}
 		t.Run(tt.name, func(t *testing.T) {
-			r := belayCLI(t, ctx, tt.env, "runs")
+			var r result
+			if tt.who == "root" {
+				onPrivateVarLib(t, func() {
+					if tt.rootToken {
+						if err := os.MkdirAll("/var/lib/belay", 0o700); err != nil {
+							t.Error(err)
+							return
+						}
+						if err := os.WriteFile("/var/lib/belay/control-token", []byte(s.main.Token()+"\n"), 0o600); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+					r = belayCLI(t, ctx, tt.env, "runs")
+				})
+			} else {
+				r = belayCLI(t, ctx, tt.env, "runs")
+			}
 			if r.code != tt.code || !strings.Contains(r.stdout, tt.stdout) || !strings.Contains(r.stderr, tt.stderr) {
 				t.Errorf("belay runs = %d\nstdout: %s\nstderr: %s\nwant %d, stdout with %q, stderr with %q",
 					r.code, r.stdout, r.stderr, tt.code, tt.stdout, tt.stderr)
@@ -261,4 +297,31 @@ func TestFindsServerAndToken(t *testing.T) {
 			}
 		})
 	}
+}
+
+// onPrivateVarLib runs f on an OS thread of its own, in a mount namespace
+// of its own whose /var/lib is an empty tmpfs, so root's default data
+// directory can be used without touching the machine's. The goroutine ends
+// with its thread locked, so the thread and its namespace end with it.
+func onPrivateVarLib(t *testing.T, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			t.Errorf("unshare the mount namespace: %v", err)
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			t.Errorf("make mounts private: %v", err)
+			return
+		}
+		if err := unix.Mount("belay-test", "/var/lib", "tmpfs", 0, "mode=0755"); err != nil {
+			t.Errorf("mount a tmpfs on /var/lib: %v", err)
+			return
+		}
+		f()
+	}()
+	<-done
 }

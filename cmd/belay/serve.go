@@ -14,8 +14,16 @@ import (
 
 const serveDoc = `Runs the embedded control plane: the public API and the model proxy on
 one address, runs in SQLite under the data directory, each run's sandbox as
-a local hardened subprocess. Flags override the BELAY_* variables named in
-their help. SIGINT or SIGTERM shuts down gracefully: in-flight requests
+the sandbox image under runc with the Fargate task's hardening (the OCI
+launcher). Flags override the BELAY_* variables named in their help.
+
+The OCI launcher needs root, runc (apt-get install runc) and the image
+(make image writes bin/belay-sandbox.oci.tar beside bin/belay; or
+--sandbox-image). Where it cannot run, belay serve refuses to start, unless
+--allow-weak-isolation accepts the process launcher: each sandbox then runs
+as a namespaced host subprocess that shares the host's file system and
+/tmp, sees the host's /proc, has no seccomp filter and can reach the
+host's Unix sockets. --launcher picks one explicitly. SIGINT or SIGTERM shuts down gracefully: in-flight requests
 finish, running sandboxes are stopped and their runs recorded as failed,
 queued runs start again on the next start.
 
@@ -49,7 +57,8 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 	cfg := embedded.ConfigFromEnv(e.lookup)
 	fs := newFlagSet(e, "serve", "[flags]", serveDoc)
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen `host:port` (BELAY_ADDR; default "+embedded.DefaultAddr+")")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory`: database, artifacts, token files (BELAY_DATA_DIR)")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir,
+		"data `directory`: database, artifacts, token files (BELAY_DATA_DIR; as root "+embedded.DefaultRootDataDir+", else ~/.local/share/belay)")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "the one `model` runs may use (BELAY_MODEL)")
 	fs.StringVar(&cfg.Provider.Kind, "model-provider", cfg.Provider.Kind,
 		"the model provider: openai (any OpenAI-compatible API), anthropic or bedrock (BELAY_MODEL_PROVIDER; default openai)")
@@ -60,10 +69,17 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		"AWS `region` of Bedrock (BELAY_BEDROCK_REGION; default AWS_REGION or the profile's)")
 	fs.StringVar(&cfg.ModelAPIKeyFile, "model-api-key-file", cfg.ModelAPIKeyFile,
 		"`file` holding the provider key, mode 0600 (BELAY_MODEL_API_KEY_FILE)")
+	fs.StringVar(&cfg.Launcher, "launcher", cfg.Launcher,
+		"sandbox launcher: oci or process (BELAY_LAUNCHER; default oci when runc, the image and root are here)")
+	fs.BoolVar(&cfg.AllowWeakIsolation, "allow-weak-isolation", cfg.AllowWeakIsolation,
+		"accept the process launcher's weaker isolation: host file system, /tmp, /proc and Unix sockets, no seccomp (BELAY_ALLOW_WEAK_ISOLATION=1)")
+	fs.StringVar(&cfg.SandboxImage, "sandbox-image", cfg.SandboxImage,
+		"the OCI launcher's sandbox image `archive` (BELAY_SANDBOX_IMAGE; default "+embedded.SandboxImageName+" beside belay)")
 	fs.StringVar(&cfg.SandboxBin, "sandbox-bin", cfg.SandboxBin,
-		"sandbox entry `binary` (BELAY_SANDBOX_BIN; default belay-sandbox beside belay, else on PATH)")
+		"the process launcher's sandbox entry `binary` (BELAY_SANDBOX_BIN; default belay-sandbox beside belay, else on PATH)")
 	fs.StringVar(&cfg.SandboxDir, "sandbox-dir", cfg.SandboxDir,
-		"`directory` of the sandbox workspaces (BELAY_SANDBOX_DIR; default <data dir>/sandboxes)")
+		"`directory` of the sandbox workspaces, below no folder a sandbox may write (BELAY_SANDBOX_DIR; default <data dir>/sandboxes, "+
+			embedded.DefaultRootSandboxDir+" beside "+embedded.DefaultRootDataDir+")")
 	fs.StringVar(&cfg.ScriptedModel, "scripted-model", cfg.ScriptedModel,
 		"serve this scripted model session `file` as the upstream, for offline demos (BELAY_SCRIPTED_MODEL)")
 	fs.StringVar(&cfg.Storage.Store, "store", cfg.Storage.Store,
@@ -133,6 +149,7 @@ func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
 	fmt.Fprintf(w, "belay %s serving on %s\n", version, endpoint)
 	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), m.Upstream())
 	fmt.Fprintf(w, "  data:       %s\n", m.DataDir())
+	fmt.Fprintf(w, "  sandboxes:  %s\n", m.SandboxDir())
 	runs, artifacts := m.Storage()
 	fmt.Fprintf(w, "  runs:       %s\n", runs)
 	fmt.Fprintf(w, "  artifacts:  %s\n", artifacts)
@@ -141,10 +158,23 @@ func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
 	} else {
 		fmt.Fprintf(w, "  token:      from %s\n", embedded.EnvToken)
 	}
-	fmt.Fprintf(w, "  sandbox:    %s\n", m.SandboxBin())
+	kind, why := m.Launcher()
+	fmt.Fprintf(w, "  launcher:   %s (%s)\n", kind, why)
+	if img := m.SandboxImage(); img != "" {
+		fmt.Fprintf(w, "  image:      %s\n", img)
+	} else {
+		fmt.Fprintf(w, "  sandbox:    %s\n", m.SandboxBin())
+		fmt.Fprintf(w, "  WARNING:    weaker isolation accepted: %s\n", embedded.WeakIsolation)
+	}
 	fmt.Fprintln(w, "  isolation:")
 	for _, s := range m.Isolation() {
 		fmt.Fprintf(w, "    - %s\n", s)
+	}
+	if missing := m.NotApplied(); len(missing) > 0 {
+		fmt.Fprintln(w, "  not applied:")
+		for _, s := range missing {
+			fmt.Fprintf(w, "    - %s\n", s)
+		}
 	}
 	if endpoint != defaultEndpoint {
 		fmt.Fprintf(w, "  clients:    export %s=%s\n", envEndpoint, endpoint)

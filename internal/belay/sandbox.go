@@ -159,5 +159,9 @@ type Sandbox interface {
 type SandboxExit struct {
 	ExitCode int
 	Signaled bool
-	Duration time.Duration
+	// OOMKilled says the kernel killed a process of the sandbox (the
+	// entry, or a command it ran) for going past the sandbox's memory
+	// limit. A launcher that cannot tell leaves it false.
+	OOMKilled bool
+	Duration  time.Duration
 }

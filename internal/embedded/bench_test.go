@@ -25,9 +25,22 @@ const minStartSamples = 20
 // store (httpapi.DefaultEventsPollInterval), so the waits include up to
 // one poll; p50-stamped-ms and p95-stamped-ms are the same from the time
 // the sandbox stamped on the event, which leaves the poll out.
+//
+// It runs once per launcher, in the same benchmark run so the two compare
+// on the same machine at the same time: launcher=process (the entry as a
+// namespaced subprocess) and launcher=oci (the image under runc, the
+// entry in claim mode; skipped outside CI without the image).
 func BenchmarkRunStart(b *testing.B) {
-	p := newProvider(b, scriptedmodel.Script{Name: "finish at once", Steps: []scriptedmodel.Step{finish("Nothing to do.")}}, 0)
-	pl := startWith(b, p, nil, "")
+	script := scriptedmodel.Script{Name: "finish at once", Steps: []scriptedmodel.Step{finish("Nothing to do.")}}
+	b.Run("launcher=process", func(b *testing.B) {
+		benchmarkRunStart(b, startWith(b, newProvider(b, script, 0), nil, ""))
+	})
+	b.Run("launcher=oci", func(b *testing.B) {
+		benchmarkRunStart(b, startOCI(b, newProvider(b, script, 0), nil))
+	})
+}
+
+func benchmarkRunStart(b *testing.B, pl plane) {
 	req := calcRequest(b)
 	req.Checks = [][]string{{"git", "diff", "--check"}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/dispatch"
+	"github.com/belay-dev/belay/internal/localsandbox"
 )
 
 // The environment variables `belay serve` reads (DESIGN.md "Embedded
@@ -55,6 +57,23 @@ const (
 	databaseFile   = "belay.db"
 	artifactsDir   = "artifacts"
 	sandboxesDir   = "sandboxes"
+	// ociDir holds the OCI launcher's state: runc's, and the unpacked
+	// images (images/).
+	ociDir = "oci"
+)
+
+// Where `belay serve` keeps its data as root when BELAY_DATA_DIR is not
+// set: system locations rather than root's home, which is 0700 and so out
+// of the sandbox uids' reach.
+const (
+	// DefaultRootDataDir holds the database, artifacts and secrets; it
+	// stays 0700.
+	DefaultRootDataDir = "/var/lib/belay"
+	// DefaultRootSandboxDir holds the sandbox workspaces of a data
+	// directory at DefaultRootDataDir: root's, 0711, so the sandbox uids
+	// reach their own workspace and nothing else, below folders only
+	// root can write.
+	DefaultRootSandboxDir = localsandbox.DefaultRootWorkRoot
 )
 
 // Config is the embedded control plane's configuration: what `belay serve`
@@ -65,7 +84,8 @@ type Config struct {
 	// free port (see Main.Addr).
 	Addr string
 	// DataDir holds the database, artifacts, token files and, by default,
-	// the sandbox workspaces; DefaultDataDir when empty.
+	// the sandbox workspaces (not at DefaultRootDataDir); DefaultDataDir
+	// when empty.
 	DataDir string
 	// Model is the one model runs may use.
 	Model string
@@ -83,12 +103,15 @@ type Config struct {
 	// Token is the control-plane token. When empty, the token in
 	// <DataDir>/control-token is used, created on first start.
 	Token string
-	// SandboxBin is the sandbox entry binary; when empty, belay-sandbox
-	// beside the running executable, else on PATH.
+	// SandboxBin is the process launcher's sandbox entry binary; when
+	// empty, belay-sandbox beside the running executable, else on PATH.
+	// (The OCI launcher runs the entry in the image.)
 	SandboxBin string
-	// SandboxDir holds one workspace per running sandbox;
-	// <DataDir>/sandboxes when empty. As root, the sandbox user must be
-	// able to search every directory above it.
+	// SandboxDir holds one workspace per running sandbox; when empty,
+	// DefaultRootSandboxDir for the data directory DefaultRootDataDir,
+	// else <DataDir>/sandboxes. As root, the sandbox users must be able
+	// to search every directory above it and write none of them (see
+	// localsandbox.Config.WorkRoot).
 	SandboxDir string
 	// Storage chooses where runs and artifacts are kept; the zero value
 	// keeps both in DataDir.
@@ -96,9 +119,22 @@ type Config struct {
 	// Limits adds the operator's extensions and checks to the reference
 	// run limits.
 	Limits LimitsConfig
-	// Isolation is passed to the local launcher: "auto" (the default) or
-	// "none".
+	// Isolation is passed to the process launcher: "auto" (the default)
+	// or "none".
 	Isolation string
+	// Launcher is LauncherOCI or LauncherProcess; empty picks LauncherOCI
+	// when runc, the image and root are there, else the process launcher
+	// if AllowWeakIsolation accepts it (see chooseLauncher).
+	Launcher string
+	// AllowWeakIsolation accepts the process launcher's weaker isolation
+	// (WeakIsolation says what it lacks).
+	AllowWeakIsolation bool
+	// SandboxImage is the OCI launcher's sandbox image (an OCI archive);
+	// when empty, SandboxImageName beside the running executable.
+	SandboxImage string
+	// ImageCache is where the OCI launcher unpacks images, one folder per
+	// digest; <DataDir>/oci/images when empty. Tests share one.
+	ImageCache string
 	// EventBufferSize is how many events each run keeps; the store's
 	// default when zero.
 	EventBufferSize int
@@ -158,6 +194,9 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 			MaxEvents: int(positiveFromEnv(get(EnvSandboxEvents))),
 			MaxBytes:  positiveFromEnv(get(EnvSandboxEventBytes)),
 		},
+		Launcher:           get(EnvLauncher),
+		SandboxImage:       get(EnvSandboxImage),
+		AllowWeakIsolation: parseBool(get(EnvAllowWeakIsolation)),
 	}
 }
 
@@ -175,12 +214,20 @@ func positiveFromEnv(v string) int64 {
 	return n
 }
 
-// DefaultDataDir returns BELAY_DATA_DIR, else $XDG_DATA_HOME/belay, else
+// DefaultDataDir returns BELAY_DATA_DIR; else, as root,
+// DefaultRootDataDir; else $XDG_DATA_HOME/belay, else
 // ~/.local/share/belay, or "" when none of HOME and XDG_DATA_HOME is set.
 // The server and the CLI both call it, so they agree on where the token is.
 func DefaultDataDir(lookup func(string) (string, bool)) string {
+	return defaultDataDir(lookup, os.Geteuid())
+}
+
+func defaultDataDir(lookup func(string) (string, bool), euid int) string {
 	if v, ok := lookup(EnvDataDir); ok && strings.TrimSpace(v) != "" {
 		return strings.TrimSpace(v)
+	}
+	if euid == 0 {
+		return DefaultRootDataDir
 	}
 	if v, ok := lookup("XDG_DATA_HOME"); ok && filepath.IsAbs(v) {
 		return filepath.Join(v, "belay")

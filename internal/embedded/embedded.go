@@ -1,7 +1,10 @@
 // Package embedded is belay's one-machine control plane, the composition
 // root of `belay serve`: the same HTTP handler as on AWS, served by a plain
 // http.Server on loopback, over the SQLite store, the artifacts folder, the
-// in-process orchestrator and the local sandbox launcher. The store and the
+// in-process orchestrator and a local sandbox launcher: the sandbox image
+// under runc (internal/ocisandbox), or, only when the operator accepts
+// weaker isolation, the entry as a host subprocess (internal/localsandbox;
+// see chooseLauncher). The store and the
 // artifacts may instead be AWS's own adapters, a DynamoDB table and an S3
 // bucket (StorageConfig), with the rest unchanged. Main is what the
 // CLI runs and what end-to-end tests start on port 0 in a temporary
@@ -25,7 +28,6 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
-	"github.com/belay-dev/belay/internal/localsandbox"
 	"github.com/belay-dev/belay/internal/orchestrator"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/secrets"
@@ -49,6 +51,7 @@ type Main struct {
 	apiKey     secrets.Source
 	script     *scriptedmodel.Script
 	sandboxBin string
+	launcher   launcherChoice
 	limits     belay.Limits
 	repoEvents *repoEvents
 
@@ -59,16 +62,18 @@ type Main struct {
 	streams   context.Context
 	endStream context.CancelFunc
 
-	mu        sync.Mutex
-	started   bool
-	addr      string
-	isolation []string
-	runErr    error
+	mu         sync.Mutex
+	started    bool
+	addr       string
+	isolation  []string
+	notApplied []string
+	runErr     error
 }
 
 // New checks cfg, fills in its defaults and prepares the data directory:
 // created 0700 (0711 when, as root, the sandbox workspaces are inside it, so
-// the unprivileged sandbox user can pass through), with a control-plane
+// the unprivileged sandbox users can pass through; with root's defaults,
+// DefaultRootDataDir and DefaultRootSandboxDir, they are not), with a control-plane
 // token in control-token unless cfg.Token is set, and a run-token signing
 // key in signing-key, both 0600 and written on first start only. A missing
 // or invalid setting is an error that names its environment variable.
@@ -120,11 +125,14 @@ func New(cfg Config) (*Main, error) {
 	if cfg.Token != "" && len(cfg.Token) < httpapi.MinControlTokenLen {
 		return nil, fmt.Errorf("%s is shorter than %d characters; use a long random value (or unset it to have one generated)", EnvToken, httpapi.MinControlTokenLen)
 	}
-	bin, err := findSandboxBin(cfg.SandboxBin, os.Executable, exec.LookPath)
-	if err != nil {
+	if m.launcher, err = chooseLauncher(cfg, thisMachine()); err != nil {
 		return nil, err
 	}
-	m.sandboxBin = bin
+	if m.launcher.kind == LauncherProcess {
+		if m.sandboxBin, err = findSandboxBin(cfg.SandboxBin, os.Executable, exec.LookPath); err != nil {
+			return nil, err
+		}
+	}
 
 	if cfg.DataDir == "" {
 		// The same rule the CLI follows to find the token file.
@@ -137,12 +145,19 @@ func New(cfg Config) (*Main, error) {
 	}
 	if cfg.SandboxDir == "" {
 		cfg.SandboxDir = filepath.Join(cfg.DataDir, sandboxesDir)
+		if cfg.DataDir == DefaultRootDataDir {
+			// Root's defaults: the data directory stays owner-only,
+			// the workspaces are beside it.
+			cfg.SandboxDir = DefaultRootSandboxDir
+		}
 	}
 	if cfg.SandboxDir, err = filepath.Abs(cfg.SandboxDir); err != nil {
 		return nil, fmt.Errorf("%s (--sandbox-dir): %w", EnvSandboxDir, err)
 	}
 	perm := os.FileMode(0o700)
-	if os.Geteuid() == 0 && strings.HasPrefix(cfg.SandboxDir, cfg.DataDir+string(filepath.Separator)) {
+	// The process launcher's sandbox uids pass through the data directory
+	// to their workspaces; the OCI launcher mounts them instead.
+	if m.launcher.kind == LauncherProcess && os.Geteuid() == 0 && strings.HasPrefix(cfg.SandboxDir, cfg.DataDir+string(filepath.Separator)) {
 		perm = 0o711
 	}
 	if err := prepareDataDir(cfg.DataDir, perm); err != nil {
@@ -189,11 +204,23 @@ func (m *Main) TokenFile() string { return m.tokenFile }
 // DataDir returns the data directory in use.
 func (m *Main) DataDir() string { return m.cfg.DataDir }
 
+// SandboxDir returns the directory of the sandbox workspaces.
+func (m *Main) SandboxDir() string { return m.cfg.SandboxDir }
+
 // Model returns the one model runs may use.
 func (m *Main) Model() string { return m.cfg.Model }
 
-// SandboxBin returns the sandbox entry binary in use.
+// SandboxBin returns the sandbox entry binary the process launcher
+// starts, or "" with the OCI launcher (the entry is in the image).
 func (m *Main) SandboxBin() string { return m.sandboxBin }
+
+// Launcher returns the launcher sandboxes run with (LauncherOCI or
+// LauncherProcess) and why it was chosen.
+func (m *Main) Launcher() (kind, why string) { return m.launcher.kind, m.launcher.why }
+
+// SandboxImage returns the OCI launcher's image archive, or "" with the
+// process launcher.
+func (m *Main) SandboxImage() string { return m.launcher.image }
 
 // Ready is closed once Run listens (Addr is then set) or has failed.
 func (m *Main) Ready() <-chan struct{} { return m.ready }
@@ -212,6 +239,15 @@ func (m *Main) Isolation() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return append([]string(nil), m.isolation...)
+}
+
+// NotApplied lists the isolation measures no sandbox gets, once Ready is
+// closed: what the machine did not allow, and what a local process cannot
+// have (localsandbox.WeakIsolation).
+func (m *Main) NotApplied() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.notApplied...)
 }
 
 // Run opens the store, ends what a previous process left running
@@ -285,17 +321,11 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	internal := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		api.InternalHandler().ServeHTTP(w, r)
 	})
-	launcher, err := localsandbox.New(localsandbox.Config{
-		EntryPath: m.sandboxBin,
-		WorkRoot:  m.cfg.SandboxDir,
-		Internal:  internal,
-		Isolation: m.cfg.Isolation,
-		Logger:    m.log,
-		Now:       m.now,
-	})
+	launcher, closeLauncher, err := m.newLauncher(internal)
 	if err != nil {
-		return fmt.Errorf("%w (set %s or --sandbox-dir to move the sandbox workspaces)", err, EnvSandboxDir)
+		return err
 	}
+	cleanups = append(cleanups, closeLauncher)
 	orch, err := orchestrator.New(orchestrator.Config{
 		Store:     store,
 		Artifacts: artifacts,
@@ -363,25 +393,36 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		m.log.Error("recover runs left by an earlier start", "err", err)
 	}
 
-	ln, err := net.Listen("tcp", m.cfg.Addr)
+	// Enough descriptors, and a cap on connections below them: a flood of
+	// idle connections must not keep an authorised request out.
+	files, err := raiseFileLimit()
+	if err != nil {
+		m.log.Warn("could not raise the open-file limit to its hard limit", "limit", files, "err", err.Error())
+	}
+	tcp, err := net.Listen("tcp", m.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s (%s, --addr): %w", m.cfg.Addr, EnvAddr, err)
 	}
+	ln := newConnLimiter(tcp, connectionCap(files), m.log, m.now)
 	srv := &http.Server{
-		Handler:           m.endStreamsOnShutdown(api),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		Handler:           ln.track(m.endStreamsOnShutdown(api)),
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    64 << 10,
+		ConnState:         ln.connState,
+		ConnContext:       ln.connContext,
 		ErrorLog:          slog.NewLogLogger(m.log.Handler(), slog.LevelWarn),
 	}
 	m.mu.Lock()
 	m.addr = ln.Addr().String()
 	m.isolation = launcher.Isolation()
+	m.notApplied = launcher.NotApplied()
 	m.mu.Unlock()
 	if host, _, _ := net.SplitHostPort(m.addr); !httpapi.IsLoopbackHost(host) {
 		m.log.Warn("listening beyond loopback over plain HTTP: the control-plane token crosses the network in clear; put TLS in front", "addr", m.addr)
 	}
-	m.log.Info("belay control plane listening", "addr", m.addr, "data_dir", m.cfg.DataDir, "model", m.cfg.Model)
+	m.log.Info("belay control plane listening", "addr", m.addr, "data_dir", m.cfg.DataDir, "model", m.cfg.Model,
+		"open_file_limit", files, "max_connections", ln.max)
 	readyOnce()
 
 	served := make(chan error, 1)

@@ -12,9 +12,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/embedded"
@@ -429,19 +432,25 @@ func TestConfigFromEnv(t *testing.T) {
 
 func TestDefaultDataDir(t *testing.T) {
 	tests := []struct {
+		euid int
 		env  map[string]string
 		want string
 	}{
-		{map[string]string{"BELAY_DATA_DIR": "/srv/belay", "HOME": "/home/u"}, "/srv/belay"},
-		{map[string]string{"XDG_DATA_HOME": "/xdg", "HOME": "/home/u"}, "/xdg/belay"},
-		{map[string]string{"XDG_DATA_HOME": "relative", "HOME": "/home/u"}, "/home/u/.local/share/belay"},
-		{map[string]string{"HOME": "/home/u"}, "/home/u/.local/share/belay"},
-		{map[string]string{}, ""},
+		{1000, map[string]string{"BELAY_DATA_DIR": "/srv/belay", "HOME": "/home/u"}, "/srv/belay"},
+		{1000, map[string]string{"XDG_DATA_HOME": "/xdg", "HOME": "/home/u"}, "/xdg/belay"},
+		{1000, map[string]string{"XDG_DATA_HOME": "relative", "HOME": "/home/u"}, "/home/u/.local/share/belay"},
+		{1000, map[string]string{"HOME": "/home/u"}, "/home/u/.local/share/belay"},
+		{1000, map[string]string{}, ""},
+		// Root gets system locations, whatever its HOME: root's home is
+		// out of the sandbox uids' reach.
+		{0, map[string]string{"BELAY_DATA_DIR": "/srv/belay", "HOME": "/root"}, "/srv/belay"},
+		{0, map[string]string{"XDG_DATA_HOME": "/xdg", "HOME": "/root"}, embedded.DefaultRootDataDir},
+		{0, map[string]string{}, embedded.DefaultRootDataDir},
 	}
 	for _, tt := range tests {
-		got := embedded.DefaultDataDir(func(k string) (string, bool) { v, ok := tt.env[k]; return v, ok })
+		got := embedded.DefaultDataDirAs(func(k string) (string, bool) { v, ok := tt.env[k]; return v, ok }, tt.euid)
 		if got != tt.want {
-			t.Errorf("DefaultDataDir(%v) = %q; want %q", tt.env, got, tt.want)
+			t.Errorf("DefaultDataDir(%v) as uid %d = %q; want %q", tt.env, tt.euid, got, tt.want)
 		}
 	}
 }
@@ -526,23 +535,70 @@ func TestDataDirLetsTheSandboxUserThrough(t *testing.T) {
 }
 
 // TestNewDefaultDataDir shows that a Config without a data directory gets
-// the one DefaultDataDir names, where the CLI looks for the token.
+// the one DefaultDataDir names, where the CLI looks for the token: as root
+// DefaultRootDataDir (0700), with the sandbox workspaces in
+// DefaultRootSandboxDir (0711), created in a private mount namespace whose
+// /var/lib is empty, so the machine's is not touched.
 func TestNewDefaultDataDir(t *testing.T) {
 	xdg := t.TempDir()
 	t.Setenv(embedded.EnvDataDir, "")
 	t.Setenv("XDG_DATA_HOME", xdg)
 	cfg := embeddedtest.Config(t, nil)
-	cfg.DataDir = ""
-	m, err := embedded.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg.DataDir, cfg.SandboxDir = "", ""
 	want := filepath.Join(xdg, "belay")
-	if m.DataDir() != want || m.TokenFile() != filepath.Join(want, embedded.ControlTokenFile) {
-		t.Fatalf("DataDir() = %q, TokenFile() = %q; want them under %s", m.DataDir(), m.TokenFile(), want)
+	if os.Geteuid() == 0 {
+		want = embedded.DefaultRootDataDir
 	}
-	tok, err := embedded.ReadControlToken(embedded.DefaultDataDir(os.LookupEnv))
-	if err != nil || tok != m.Token() {
-		t.Errorf("the CLI's lookup finds %v; want the token New wrote", err)
+	check := func() {
+		m, err := embedded.New(cfg)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if m.DataDir() != want || m.TokenFile() != filepath.Join(want, embedded.ControlTokenFile) {
+			t.Errorf("DataDir() = %q, TokenFile() = %q; want them under %s", m.DataDir(), m.TokenFile(), want)
+		}
+		tok, err := embedded.ReadControlToken(embedded.DefaultDataDir(os.LookupEnv))
+		if err != nil || tok != m.Token() {
+			t.Errorf("the CLI's lookup finds %v; want the token New wrote", err)
+		}
+		if mode := modeOf(t, want).Perm(); mode != 0o700 {
+			t.Errorf("data directory %s has mode %04o; want 0700", want, mode)
+		}
+		if os.Geteuid() == 0 && m.SandboxDir() != embedded.DefaultRootSandboxDir {
+			t.Errorf("SandboxDir() = %q; want %s", m.SandboxDir(), embedded.DefaultRootSandboxDir)
+		}
 	}
+	if os.Geteuid() != 0 {
+		check()
+		return
+	}
+	onPrivateVarLib(t, check)
+}
+
+// onPrivateVarLib runs f on an OS thread of its own, in a mount namespace
+// of its own whose /var/lib is an empty tmpfs: root's default locations
+// can be made there without touching the machine's. The thread is never
+// given back (the goroutine ends locked), so the namespace ends with it.
+func onPrivateVarLib(t *testing.T, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			t.Errorf("unshare the mount namespace: %v", err)
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			t.Errorf("make mounts private: %v", err)
+			return
+		}
+		if err := unix.Mount("belay-test", "/var/lib", "tmpfs", 0, "mode=0755"); err != nil {
+			t.Errorf("mount a tmpfs on /var/lib: %v", err)
+			return
+		}
+		f()
+	}()
+	<-done
 }

@@ -91,7 +91,8 @@ func storeTestTranscriptSandbox(tb testing.TB, marker string) string {
 	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
 	path := filepath.Join(dir, embedded.SandboxBinName)
 	// It uploads its transcript through the outputs route as the entry
-	// does, leaves uploaded/ as a sign for the test, and sleeps.
+	// does, leaves home/uploaded/ as a sign for the test (the workspace
+	// folder itself is root's), and sleeps.
 	script := `#!/bin/sh
 /usr/bin/python3 - "$2" <<'EOF' || exit 1
 import http.client, json, os, socket, sys
@@ -110,7 +111,7 @@ r = c.getresponse()
 r.read()
 if r.status != 204:
     sys.exit("upload: %d" % r.status)
-os.mkdir(os.path.join(ws, "uploaded"))
+os.mkdir(os.path.join(ws, "home", "uploaded"))
 EOF
 exec /bin/sleep 3600
 `
@@ -219,7 +220,7 @@ func TestServeOnDynamoDBAndS3(t *testing.T) {
 			t.Fatal("the sandbox never wrote its transcript")
 		}
 		time.Sleep(10 * time.Millisecond)
-		transcript, _ = filepath.Glob(filepath.Join(cfg.SandboxDir, "*", "uploaded"))
+		transcript, _ = filepath.Glob(filepath.Join(cfg.SandboxDir, "*", "home", "uploaded"))
 	}
 	if _, err := c.Cancel(ctx, id); err != nil {
 		t.Fatalf("Cancel: %v", err)

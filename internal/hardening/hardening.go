@@ -1,8 +1,10 @@
 // Package hardening holds the sandbox's hardening numbers and switches, once.
 // The Fargate task definition (infra/) and the local runc configuration
-// (the OCI launcher) are both made from Sandbox, and a test on each side
-// fails when what it builds disagrees with this value, so what runs on one
-// machine is what runs on Fargate.
+// (the OCI launcher, internal/ocisandbox) are both made from Sandbox, and a
+// test on each side fails when what it builds disagrees with this value, so
+// what runs on one machine is what runs on Fargate. The sandbox image
+// (scripts/image.sh) takes its user, entrypoint and writable folders from
+// it too (sandbox-task/imagespec).
 package hardening
 
 // Profile is how a sandbox is confined and what it may use.
@@ -11,12 +13,21 @@ type Profile struct {
 	// USER.
 	UID, GID int
 	// Entrypoint starts the sandbox entry, the image's ENTRYPOINT; the
-	// task definition and the runc config start it exactly so.
+	// task definition and the runc config start it exactly so, with no
+	// arguments (claim mode: the run comes from BELAY_CLAIM).
 	Entrypoint []string
 	// WorkspaceDir and TmpDir are the only writable paths: scratch volumes
 	// on Fargate (which has no tmpfs), private mounts under runc.
 	WorkspaceDir string
 	TmpDir       string
+	// PrivateTmpDirs are the other world-writable scratch folders a
+	// program may use. Under runc each is a private tmpfs of TmpSizeMiB,
+	// like TmpDir, so no run sees another's files there; on Fargate the
+	// task is a machine of its own and they are the image's (read-only
+	// with the root file system).
+	PrivateTmpDirs []string
+	// Hostname is the sandbox's host name (its own UTS namespace).
+	Hostname string
 	// ReadOnlyRootFS mounts the image's root filesystem read-only.
 	ReadOnlyRootFS bool
 	// DropAllCapabilities leaves every capability set empty.
@@ -24,8 +35,12 @@ type Profile struct {
 	// NoNewPrivileges sets no_new_privs on the entry (the kernel keeps it
 	// for everything it starts).
 	NoNewPrivileges bool
-	// InitProcess runs a minimal init as PID 1 that reaps orphans and
-	// forwards signals (Fargate's initProcessEnabled).
+	// InitProcess runs a separate minimal init as PID 1 (Fargate's
+	// initProcessEnabled). belay's entry is its PID namespace's init
+	// itself: as PID 1 it kills and reaps whatever the agent's commands
+	// left behind before it vouches for the tree (and before each final
+	// check), which it cannot do as PID 2 under another init. So it is
+	// off, on Fargate and under runc alike.
 	InitProcess bool
 	// CPUUnits is Fargate's CPU in 1/1024 vCPU; runc gets the same share
 	// as a CFS quota.
@@ -33,18 +48,28 @@ type Profile struct {
 	// MemoryMiB is the hard memory limit: past it the kernel kills the
 	// sandbox (OOM).
 	MemoryMiB int
-	// Processes caps the processes and threads of the sandbox user: the
-	// nproc ulimit on Fargate, the nproc rlimit and the pids cgroup under
-	// runc.
+	// Processes caps the sandbox's processes and threads: the pids cgroup
+	// under runc (one per sandbox), and the nproc ulimit on Fargate (a
+	// task is a machine of its own there). Under runc every sandbox runs
+	// as the same uid, and the nproc rlimit counts a uid's processes
+	// across the machine, so it is not set there: one sandbox's fork bomb
+	// would stop the others' forks.
 	Processes int
 	// OpenFiles caps open file descriptors per process (nofile).
 	OpenFiles int
 	// FileSizeMiB caps the size of one file a process writes (fsize).
 	FileSizeMiB int
-	// TmpSizeMiB caps the private /tmp (and /var/tmp, /dev/shm) under runc.
+	// TmpSizeMiB caps the private /tmp (and each of PrivateTmpDirs) under
+	// runc. tmpfs pages count against MemoryMiB as well.
 	TmpSizeMiB int
 	// EphemeralStorageGiB is Fargate's task storage (21 is its minimum).
 	EphemeralStorageGiB int
+	// Architecture is the CPU architecture of the image Fargate runs, as
+	// OCI names it ("arm64" or "amd64"): `make image-fargate` builds the
+	// image for it and the task definition's runtime platform follows it.
+	// Local runs use an image built for the machine's own architecture
+	// (`make image`).
+	Architecture string
 }
 
 // Sandbox is belay's sandbox profile.
@@ -54,10 +79,12 @@ var Sandbox = Profile{
 	Entrypoint:          []string{"/usr/local/bin/belay-sandbox"},
 	WorkspaceDir:        "/workspace",
 	TmpDir:              "/tmp",
+	PrivateTmpDirs:      []string{"/var/tmp", "/dev/shm"},
+	Hostname:            "sandbox",
 	ReadOnlyRootFS:      true,
 	DropAllCapabilities: true,
 	NoNewPrivileges:     true,
-	InitProcess:         true,
+	InitProcess:         false,
 	CPUUnits:            1024,
 	MemoryMiB:           2048,
 	Processes:           512,
@@ -65,4 +92,5 @@ var Sandbox = Profile{
 	FileSizeMiB:         1024,
 	TmpSizeMiB:          512,
 	EphemeralStorageGiB: 21,
+	Architecture:        "arm64",
 }

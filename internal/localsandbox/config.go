@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/belay-dev/belay/internal/hardening"
 )
 
 // Isolation modes for Config.Isolation.
@@ -36,8 +38,11 @@ type Config struct {
 	EntryPath string
 	// WorkRoot holds one workspace per sandbox, for example
 	// <data dir>/sandboxes. As root, it and every directory above it must
-	// be searchable by the sandbox uid, and WorkRoot must be owned by root
-	// and writable only by it; New creates it (mode 0711) when absent.
+	// be searchable by the sandbox uids and writable by none of them nor
+	// by every user (so not under /tmp): a sandbox that could leave a
+	// pytest.ini or conftest.py above the workspaces would run its code in
+	// later runs' checks. WorkRoot must be owned by belay's user and
+	// writable only by it; New creates it (mode 0711 as root) when absent.
 	WorkRoot string
 	// Internal serves the control plane's internal routes; each sandbox
 	// reaches it only through the api.sock in its workspace.
@@ -46,9 +51,12 @@ type Config struct {
 	// when belay runs as root; zero means DefaultSandboxID. Each running
 	// sandbox gets the lowest free uid (and the gid at the same offset)
 	// of its own, so one sandbox cannot read or change another's
-	// workspace or processes; the id is reused only after its sandbox
-	// was reaped and its workspace removed. No other user of the machine
-	// may own these ids.
+	// workspace or processes. The ids are leased host-wide (see
+	// DefaultLeaseDir), so every launcher on the machine, in this process
+	// or another belay, agrees on who holds which; an id that owns a
+	// process on the host, or files in a workspace left behind, is
+	// skipped. An id is given out again only after its sandbox was reaped
+	// and its workspace removed.
 	UID, GID int
 	// UIDs is how many consecutive uids and gids sandboxes may use, which
 	// bounds how many run at once; zero means DefaultSandboxIDs.
@@ -56,6 +64,11 @@ type Config struct {
 	// Isolation is IsolationAuto (the default when empty) or
 	// IsolationNone.
 	Isolation string
+	// Limits holds the resource limits every sandbox process gets
+	// (Processes, FileSizeMiB, MemoryMiB, OpenFiles); nil means
+	// hardening.Sandbox, the numbers the Fargate task and the OCI
+	// launcher use too. Tests lower them to reach a limit cheaply.
+	Limits *hardening.Profile
 	// Logger receives the isolation report and one line per sandbox
 	// lifecycle step, with run_id; never a token or file content.
 	Logger *slog.Logger

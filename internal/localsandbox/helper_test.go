@@ -51,7 +51,11 @@ type unprivilegedResult struct {
 }
 
 func runHelper(mode string) int {
-	if mode != "unprivileged" {
+	switch mode {
+	case "holder":
+		return holderScenario()
+	case "unprivileged":
+	default:
 		fmt.Fprintf(os.Stderr, "unknown helper mode %q\n", mode)
 		return 2
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/localsandbox"
+	"github.com/belay-dev/belay/internal/sandbox/workspace/workspacetest"
 )
 
 // report mirrors testdata/testentry's Report.
@@ -48,6 +49,10 @@ type report struct {
 	APIError   string
 	Interfaces []string
 	PeekErrors []string
+
+	AttackTarget int
+	Attacks      map[string]string
+	WriteError   string
 }
 
 // syncBuffer is a log destination the test reads while sandboxes write.
@@ -105,19 +110,12 @@ func steppingClock(step time.Duration) func() time.Time {
 // is exactly this (one reading at start, one at exit).
 const clockStep = 7 * time.Second
 
-// shortTempDir makes a temporary directory with a short path (a Unix
-// socket path is at most 107 bytes) that the sandbox uid may search.
+// shortTempDir makes a directory with a short path (a Unix socket path is
+// at most 107 bytes) that the sandbox uids may search and that no folder
+// above is writable by them (the launcher refuses a WorkRoot under /tmp).
 func shortTempDir(tb testing.TB) string {
 	tb.Helper()
-	dir, err := os.MkdirTemp("", "lsb")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o711); err != nil {
-		tb.Fatal(err)
-	}
-	return dir
+	return workspacetest.Dir(tb, "lsb")
 }
 
 // newLauncher builds a launcher over a fresh WorkRoot with the test entry,

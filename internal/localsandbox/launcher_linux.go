@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/belay-dev/belay/internal/hardening"
 	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
@@ -47,11 +48,26 @@ const (
 	measureNetNS        = "network namespace (no network; the control plane only through api.sock)"
 	measureIPCNS        = "IPC namespace"
 	measureUTSNS        = "UTS namespace"
+	measureLease        = "its uid and gid leased host-wide (" + DefaultLeaseDir + "), so no other sandbox on this machine, of this belay or another, runs as them at the same time; an id that still owns a process, or files in a workspace left behind, is skipped"
+	measureWorkspace    = "a workspace folder of root's: the sandbox reads spec.json and connects to api.sock but cannot rename or replace them, nor the folder; it writes only in tokens/, repo/ and home/, and no folder above its repository is writable by any sandbox"
 	// measurePeerUID is missing wherever the sandbox runs as belay's own
 	// uid: the entry pins the api.sock it found at its start and checks its
 	// listener's uid, but a process of the sandbox has that uid too.
 	measurePeerUID = "the entry cannot tell belay's api.sock listener from a process of the sandbox by its uid (both run as this user)"
 )
+
+// WeakIsolation lists what a local process cannot get, whatever the
+// launcher does: the isolation an operator accepts when choosing this
+// launcher over the OCI one.
+func WeakIsolation() []string {
+	return []string{
+		"a private /tmp, /var/tmp and /dev/shm: it shares the host's with the host and with every other sandbox",
+		"its own /proc: the host's shows it the command line of every process on the machine",
+		"a seccomp filter: every system call is open to it, unshare and mount included (it can make user namespaces)",
+		"hiding the host's Unix sockets: any socket file on the machine that it can reach and write accepts its connections",
+		"a memory limit for the sandbox as a whole (a cgroup): memory is limited per process, so several processes together can use more",
+	}
+}
 
 // tier is one isolation setting the launcher may apply, strongest first.
 // Every tier starts the entry with Setsid rather than only Setpgid: a new
@@ -76,6 +92,9 @@ type Launcher struct {
 	ids      int // how many
 	asRoot   bool
 	tier     tier
+	leaseDir string   // where uids are leased, when the tier drops to them
+	prlimit  string   // prlimit(1), or "" when the limits cannot be applied
+	limits   []rlimit // applied to every sandbox through prlimit
 	log      *slog.Logger
 	now      func() time.Time
 
@@ -167,8 +186,42 @@ func New(cfg Config) (*Launcher, error) {
 		l.tier = t
 		break
 	}
+	if l.tier.dropsUID {
+		l.leaseDir = DefaultLeaseDir
+		if err := prepareLeaseDir(l.leaseDir); err != nil {
+			return nil, err
+		}
+	}
+	l.tier = l.withExtras(l.tier, cfg.Limits)
 	l.report(isolation, refused)
 	return l, nil
+}
+
+// withExtras completes t with what every tier gets besides its namespaces
+// and uid: the workspace layout and uid leases where sandboxes have uids
+// of their own, the resource limits, and what no local process can get.
+func (l *Launcher) withExtras(t tier, profile *hardening.Profile) tier {
+	t.applied = append([]string(nil), t.applied...)
+	t.missing = append([]string(nil), t.missing...)
+	if t.dropsUID {
+		t.applied = append(t.applied, measureLease, measureWorkspace)
+	}
+	if profile == nil {
+		profile = &hardening.Sandbox
+	}
+	lims, what := sandboxLimits(*profile, t.dropsUID)
+	switch p, err := findPrlimit(); {
+	case err != nil:
+		t.missing = append(t.missing, "resource limits (processes, file size, memory, open files): "+err.Error())
+	default:
+		l.prlimit, l.limits = p, lims
+		t.applied = append(t.applied, what)
+		if !t.dropsUID {
+			t.missing = append(t.missing, "a process limit (RLIMIT_NPROC): it counts every process of a uid, and sandboxes have no uid of their own here")
+		}
+	}
+	t.missing = append(t.missing, WeakIsolation()...)
+	return t
 }
 
 // Isolation lists the isolation measures applied to every sandbox, for
@@ -177,12 +230,15 @@ func (l *Launcher) Isolation() []string {
 	return append([]string(nil), l.tier.applied...)
 }
 
+// NotApplied lists the isolation measures that no sandbox of this launcher
+// gets: what its tier could not apply, then WeakIsolation.
+func (l *Launcher) NotApplied() []string {
+	return append([]string(nil), l.tier.missing...)
+}
+
 func (l *Launcher) report(isolation string, refused []string) {
 	l.log.Info("local sandbox isolation", "mode", isolation, "tier", l.tier.name,
 		"applied", strings.Join(l.tier.applied, "; "))
-	if len(l.tier.missing) == 0 {
-		return
-	}
 	attrs := []any{"mode", isolation, "not_applied", strings.Join(l.tier.missing, "; ")}
 	if len(refused) > 0 {
 		attrs = append(attrs, "refused", strings.Join(refused, "; "))
@@ -193,6 +249,8 @@ func (l *Launcher) report(isolation string, refused []string) {
 		plainly = "isolation is off (mode none): the sandbox runs as root (uid 0), sees belay's processes and can reach the network"
 	case isolation == IsolationNone:
 		plainly = fmt.Sprintf("isolation is off (mode none): the sandbox runs as this user (uid %d), can read what this user can read, and can reach the network", os.Getuid())
+	case l.tier.name == tierRootNS:
+		plainly = "a local process has no private /tmp, no /proc of its own, no seccomp filter and no view without the host's Unix sockets: a sandbox can read what others leave in /tmp, see every process's command line, use every system call and connect to the host's reachable Unix sockets"
 	case l.asRoot:
 		plainly = fmt.Sprintf("namespaces could not be created: each sandbox runs as its own uid (from %d) but shares belay's network and process view", l.uid)
 	case l.tier.name == tierUserNS:
@@ -309,12 +367,13 @@ func (l *Launcher) probe(t tier) error {
 	return err
 }
 
-// prepareWorkRoot creates WorkRoot when absent and checks it. As root the
-// directory must be root's alone (mode 0711 when created here) and every
-// directory on the way to it must be searchable by others (the sandbox
-// uids);
-// otherwise the entry could not reach its workspace, and New says which
-// directory to fix rather than changing the operator's directories.
+// prepareWorkRoot creates WorkRoot when absent and checks it. The
+// directory must be belay's alone (mode 0711 as root, 0700 otherwise,
+// when created here), and no directory on the way to it may be writable
+// by every user; as root every one must also be searchable by others (the
+// sandbox uids) and writable by no sandbox user (see checkAncestors). New
+// says which directory to fix rather than changing the operator's
+// directories.
 func (l *Launcher) prepareWorkRoot(dir string) (string, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -350,21 +409,8 @@ func (l *Launcher) prepareWorkRoot(dir string) (string, error) {
 	case fi.Mode().Perm()&0o022 != 0:
 		return "", fmt.Errorf("localsandbox: WorkRoot %s has mode %04o; it must not be writable by group or others", real, fi.Mode().Perm())
 	}
-	if !l.asRoot {
-		return real, nil
-	}
-	for d := real; ; d = filepath.Dir(d) {
-		fi, err := os.Stat(d)
-		if err != nil {
-			return "", fmt.Errorf("localsandbox: WorkRoot: %w", err)
-		}
-		if fi.Mode().Perm()&0o001 == 0 {
-			return "", fmt.Errorf("localsandbox: the sandbox uids cannot reach WorkRoot %s: directory %s (mode %04o) is not searchable by others; allow search (chmod o+x %s) or choose a WorkRoot outside it",
-				real, d, fi.Mode().Perm(), d)
-		}
-		if d == "/" {
-			break
-		}
+	if err := l.checkAncestors(real); err != nil {
+		return "", err
 	}
 	return real, nil
 }

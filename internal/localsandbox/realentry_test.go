@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -24,27 +25,38 @@ import (
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/sqlite"
 	"github.com/belay-dev/belay/internal/token"
+	"github.com/belay-dev/belay/internal/wire"
 )
 
 // realEntryPkg is the sandbox entry's main package.
 const realEntryPkg = "github.com/belay-dev/belay/sandbox-task"
 
-// TestRealEntryFixesTheExample is the happy path with every real part: the
-// entry built from ./sandbox-task, launched by this package as an
-// unprivileged uid in its namespaces, talking over api.sock to the real
-// internal routes (httpapi over a SQLite store), whose model proxy forwards
-// to the scripted model of the offline demo; the in-process orchestrator
-// sequences the run. The example's failing test must pass after the run,
-// and the provider key and run tokens must stay where they belong.
-func TestRealEntryFixesTheExample(t *testing.T) {
+// realPlane is the control plane around the real entry: the entry built
+// from ./sandbox-task, launched by this package (as root: an unprivileged
+// uid in its namespaces), talking over api.sock to the real internal
+// routes (httpapi over a SQLite store), whose model proxy forwards to a
+// scripted model; the in-process orchestrator sequences the runs.
+type realPlane struct {
+	client      *httpapi.Client
+	launcher    *localsandbox.Launcher
+	orch        *orchestrator.Orchestrator
+	model       *scriptedmodel.Server
+	logs        *syncBuffer
+	workRoot    string
+	providerKey string
+}
+
+// newRealPlane starts a plane whose model plays script.
+func newRealPlane(t *testing.T, script scriptedmodel.Script) *realPlane {
+	t.Helper()
 	requireRoot(t)
 	if realEntryErr != nil {
 		t.Fatalf("build the sandbox entry: %v", realEntryErr)
 	}
 	ctx := t.Context()
 	dir := shortTempDir(t)
-	logs := &syncBuffer{}
-	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p := &realPlane{logs: &syncBuffer{}, workRoot: filepath.Join(dir, "w"), providerKey: "canary-provider-key-" + randomHex(t, 8)}
+	logger := slog.New(slog.NewTextHandler(p.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
 	store, err := sqlite.Open(ctx, filepath.Join(dir, "belay.db"), sqlite.Options{})
 	if err != nil {
@@ -60,39 +72,34 @@ func TestRealEntryFixesTheExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script, err := scriptedmodel.LoadScript("../../examples/sessions/fix-calc.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := scriptedmodel.New(script)
-	upstream := httptest.NewServer(model)
+	p.model = scriptedmodel.New(script)
+	upstream := httptest.NewServer(p.model)
 	t.Cleanup(upstream.Close)
-	providerKey := "canary-provider-key-" + randomHex(t, 8)
 
 	// The launcher needs the internal handler, which needs the
 	// orchestrator, which needs the launcher: the launcher gets a handler
 	// that forwards to the API server once it exists.
 	var api *httpapi.Server
 	internal := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { api.InternalHandler().ServeHTTP(w, r) })
-	launcher, err := localsandbox.New(localsandbox.Config{
-		EntryPath: realEntry, WorkRoot: filepath.Join(dir, "w"), Internal: internal, Logger: logger,
+	p.launcher, err = localsandbox.New(localsandbox.Config{
+		EntryPath: realEntry, WorkRoot: p.workRoot, Internal: internal, Logger: logger,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	orch, err := orchestrator.New(orchestrator.Config{Store: store, Artifacts: artifacts, Launcher: launcher, Signer: signer, Logger: logger})
+	p.orch, err = orchestrator.New(orchestrator.Config{Store: store, Artifacts: artifacts, Launcher: p.launcher, Signer: signer, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { orch.Close(ctx) })
+	t.Cleanup(func() { p.orch.Close(context.Background()) })
 	control := randomHex(t, 16)
 	api, err = httpapi.New(httpapi.Config{
-		Store: store, Artifacts: artifacts, Orchestrator: orch, Signer: signer,
+		Store: store, Artifacts: artifacts, Orchestrator: p.orch, Signer: signer,
 		Limits:        belay.DefaultLimits("test-model"),
 		ControlTokens: []string{control},
 		Upstream: httpapi.Upstream{
 			URL: upstream.URL + "/v1/chat/completions", AllowLoopbackHTTP: true,
-			Key: func(ctxKey context.Context) (string, error) { return providerKey, nil },
+			Key: func(context.Context) (string, error) { return p.providerKey, nil },
 		},
 		Logger: logger,
 	})
@@ -101,11 +108,39 @@ func TestRealEntryFixesTheExample(t *testing.T) {
 	}
 	public := httptest.NewServer(api)
 	t.Cleanup(public.Close)
-	client, err := httpapi.NewClient(public.URL, control)
+	if p.client, err = httpapi.NewClient(public.URL, control); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// run submits req, follows the run to its end and returns its events and
+// the run as stored.
+func (p *realPlane) run(t *testing.T, req belay.RunRequest) ([]belay.Event, wire.RunView) {
+	t.Helper()
+	ctx := t.Context()
+	created, err := p.client.CreateRun(ctx, req, "")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var events []belay.Event
+	if err := p.client.StreamEvents(ctx, created.RunID, 0, func(e belay.Event) error {
+		events = append(events, e)
+		return nil
+	}); err != nil {
+		t.Fatalf("stream events: %v", err)
+	}
+	run, err := p.client.GetRun(ctx, created.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return events, run
+}
 
+// calcFiles are the files of examples/calc, whose test fails until add
+// adds.
+func calcFiles(t *testing.T) []belay.File {
+	t.Helper()
 	var files []belay.File
 	for _, p := range []string{"calc.py", "tests/test_calc.py", "tests/conftest.py"} {
 		b, err := os.ReadFile(filepath.Join("../../examples/calc", p))
@@ -114,50 +149,68 @@ func TestRealEntryFixesTheExample(t *testing.T) {
 		}
 		files = append(files, belay.File{Path: p, Content: string(b)})
 	}
-	created, err := client.CreateRun(ctx, belay.RunRequest{
-		Instruction:     "Fix the failing test in calc.py",
+	return files
+}
+
+// finishAtOnce is a model that finishes without changing anything, so a
+// run's outcome is its checks' on the uploaded files.
+var finishAtOnce = scriptedmodel.Script{Name: "finish", Steps: []scriptedmodel.Step{
+	{ToolCalls: []scriptedmodel.ToolCall{{Name: "finish", Arguments: json.RawMessage(`{"summary":"nothing to do"}`)}}},
+}}
+
+// pytestRequest runs files with pytest as the only check.
+func pytestRequest(files []belay.File) belay.RunRequest {
+	return belay.RunRequest{
+		Instruction:     "Run the checks",
 		Files:           files,
+		AllowedPaths:    []string{files[0].Path},
+		Checks:          [][]string{{"python3", "-m", "pytest", "-q"}},
+		MaxSteps:        3,
+		WallTimeSeconds: 120,
+	}
+}
+
+// TestRealEntryFixesTheExample is the happy path with every real part (see
+// realPlane), the model playing the offline demo's session. The example's
+// failing test must pass after the run, and the provider key and run
+// tokens must stay where they belong.
+func TestRealEntryFixesTheExample(t *testing.T) {
+	script, err := scriptedmodel.LoadScript("../../examples/sessions/fix-calc.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newRealPlane(t, script)
+	ctx := t.Context()
+	events, run := p.run(t, belay.RunRequest{
+		Instruction:     "Fix the failing test in calc.py",
+		Files:           calcFiles(t),
 		AllowedPaths:    []string{"calc.py"},
 		Checks:          [][]string{{"python3", "-m", "pytest", "-q"}},
 		MaxSteps:        8,
 		WallTimeSeconds: 120,
-	}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var events []belay.Event
-	if err := client.StreamEvents(ctx, created.RunID, 0, func(e belay.Event) error {
-		events = append(events, e)
-		return nil
-	}); err != nil {
-		t.Fatalf("stream events: %v", err)
-	}
-	run, err := client.GetRun(ctx, created.RunID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	if run.Status != belay.StatusCompleted {
-		t.Fatalf("run ended %s (%s); log:\n%s", run.Status, run.Reason, logs.String())
+		t.Fatalf("run ended %s (%s); log:\n%s", run.Status, run.Reason, p.logs.String())
 	}
 	if !slices.Equal(run.ChangedFiles, []string{"calc.py"}) {
 		t.Errorf("changed files %v, want [calc.py]", run.ChangedFiles)
 	}
-	patch, err := client.GetArtifact(ctx, created.RunID, "patch.diff")
+	patch, err := p.client.GetArtifact(ctx, run.RunID, "patch.diff")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(patch), "+    return a + b") {
 		t.Errorf("patch does not fix add:\n%s", patch)
 	}
-	if got := model.Authorization(); got != "Bearer "+providerKey {
+	if got := p.model.Authorization(); got != "Bearer "+p.providerKey {
 		t.Error("the scripted model did not get the provider key from the proxy")
 	}
 
 	var seen strings.Builder
-	seen.WriteString(logs.String())
+	seen.WriteString(p.logs.String())
 	seen.Write(patch)
 	for _, name := range []string{"transcript.jsonl", "result.json"} {
-		b, err := client.GetArtifact(ctx, created.RunID, name)
+		b, err := p.client.GetArtifact(ctx, run.RunID, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,7 +219,7 @@ func TestRealEntryFixesTheExample(t *testing.T) {
 	for _, e := range events {
 		seen.Write(e.Data)
 	}
-	if strings.Contains(seen.String(), providerKey) {
+	if strings.Contains(seen.String(), p.providerKey) {
 		t.Error("the provider key shows up in the log, an artifact or an event")
 	}
 	if strings.Contains(seen.String(), "bt1.") {
@@ -174,10 +227,10 @@ func TestRealEntryFixesTheExample(t *testing.T) {
 	}
 	// The run's goroutine removes the workspace after it records the
 	// outcome; Close waits for it.
-	if err := orch.Close(ctx); err != nil {
+	if err := p.orch.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	left, err := os.ReadDir(filepath.Join(dir, "w"))
+	left, err := os.ReadDir(p.workRoot)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,9 +45,9 @@ type Sandbox struct {
 	log   *slog.Logger
 	now   func() time.Time
 	owner int // the uid its output files must belong to
-	// releaseUID, when set, returns the sandbox's own uid to the pool.
-	releaseUID func()
-	out        *tailBuffer
+	// lease, when set, holds the sandbox's own uid and gid host-wide.
+	lease *idLease
+	out   *tailBuffer
 
 	srv *http.Server
 	ln  net.Listener
@@ -119,13 +119,13 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 	}
 	uid, gid := l.uid, l.gid
 	if l.tier.dropsUID {
-		off, err := acquireID(l.uid, l.ids)
+		lease, err := l.acquireIDs(ws)
 		if err != nil {
 			return nil, fmt.Errorf("launch sandbox for run %s: %w", spec.RunID, err)
 		}
-		uid, gid = l.uid+off, l.gid+off
+		uid, gid = lease.uid, lease.gid
 		s.owner = uid
-		s.releaseUID = func() { releaseID(uid) }
+		s.lease = lease
 	}
 	ok := false
 	defer func() {
@@ -133,12 +133,12 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 			return
 		}
 		if err := s.removeWorkspace(); err != nil {
-			// The uid stays reserved: files it owns are still there.
+			// The uid stays leased: files it owns are still there.
 			log.Error("remove workspace after failed launch", "workspace", ws, "err", err.Error())
 			return
 		}
-		if s.releaseUID != nil {
-			s.releaseUID()
+		if s.lease != nil {
+			s.lease.release()
 		}
 	}()
 
@@ -163,9 +163,13 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 		return nil, fmt.Errorf("launch sandbox for run %s: %w", spec.RunID, err)
 	}
 
+	path, argv := l.entry, []string{l.entry, "--workspace", ws}
+	if l.prlimit != "" {
+		path, argv = l.prlimit, prlimitArgs(l.prlimit, l.limits, argv)
+	}
 	s.cmd = &exec.Cmd{
-		Path: l.entry,
-		Args: []string{l.entry, "--workspace", ws},
+		Path: path,
+		Args: argv,
 		Env: []string{
 			"PATH=" + workspace.CleanPath,
 			"HOME=" + filepath.Join(ws, workspace.HomeDir),
@@ -177,6 +181,10 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 		SysProcAttr: l.tier.sysAttrs(uid, gid),
 		WaitDelay:   waitDelay,
 	}
+	// prlimit reports a missing entry only once started; say it here.
+	if _, err := os.Stat(l.entry); err != nil {
+		return nil, fmt.Errorf("launch sandbox for run %s: start entry: %w", spec.RunID, err)
+	}
 	if err := s.startAndWatch(); err != nil {
 		return nil, fmt.Errorf("launch sandbox for run %s: start entry: %w", spec.RunID, err)
 	}
@@ -186,8 +194,8 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 }
 
 // serve starts the HTTP server for the internal routes on the workspace's
-// api.sock. The socket is created while the workspace is still root's
-// alone and is then handed to the sandbox user with the rest of the tree.
+// api.sock. The socket is created while the workspace is still belay's
+// alone; layoutWorkspace then lets the sandbox's group connect to it.
 func (s *Sandbox) serve(h http.Handler) error {
 	ln, err := net.Listen("unix", filepath.Join(s.ws, workspace.Socket))
 	if err != nil {
@@ -380,8 +388,8 @@ func (s *Sandbox) Cleanup() error {
 	s.cleaned = true
 	// The uid is free again only once nothing of the sandbox is left:
 	// its processes reaped, its files removed.
-	if reaped && s.releaseUID != nil {
-		s.releaseUID()
+	if reaped && s.lease != nil {
+		s.lease.release()
 	}
 	s.log.Info("sandbox cleaned up")
 	return nil

@@ -33,13 +33,20 @@ func checkRunID(id string) error {
 	return nil
 }
 
-// layoutWorkspace fills the fresh workspace ws (already holding api.sock):
-// tokens/, out/, home/, spec.json without tokens, and the three token files
-// (0600, created exclusively and never through a symbolic link). With uid
-// >= 0 the whole tree is then handed to uid:gid. Until then it is belay's
-// alone, so nothing here races with the sandbox.
+// layoutWorkspace fills the fresh workspace ws (already holding api.sock)
+// as package workspace describes: spec.json without tokens, and the
+// folders tokens/ (with the three token files, 0600, created exclusively
+// and never through a symbolic link), repo/, out/ and home/. Until it
+// returns the workspace is belay's alone (0700), so nothing here races with
+// the sandbox. With uid >= 0 (the sandbox runs as a uid of its own) the
+// folders inside and the token files become uid:gid's, while ws, spec.json
+// and api.sock stay belay's with group gid (0750, 0640, 0660): the sandbox
+// can read the spec and connect to the socket but cannot rename, remove or
+// replace anything beside its own folders, nor move ws (WorkRoot is
+// belay's).
 func layoutWorkspace(ws string, spec belay.SandboxSpec, tokens map[string]string, uid, gid int) error {
-	for _, d := range []string{workspace.TokensDir, workspace.OutDir, workspace.HomeDir} {
+	dirs := []string{workspace.TokensDir, workspace.RepoDir, workspace.OutDir, workspace.HomeDir}
+	for _, d := range dirs {
 		if err := os.Mkdir(filepath.Join(ws, d), 0o700); err != nil {
 			return fmt.Errorf("create workspace folder: %w", err)
 		}
@@ -48,7 +55,13 @@ func layoutWorkspace(ws string, spec belay.SandboxSpec, tokens map[string]string
 	if err != nil {
 		return fmt.Errorf("encode spec.json: %w", err)
 	}
-	if err := writeNewFile(filepath.Join(ws, workspace.SpecFile), b, 0o644, uid, gid); err != nil {
+	shared := -1 // the group of what stays belay's
+	if uid >= 0 {
+		shared = gid
+	} else {
+		gid = -1
+	}
+	if err := writeNewFile(filepath.Join(ws, workspace.SpecFile), b, 0o640, -1, shared); err != nil {
 		return fmt.Errorf("write spec.json: %w", err)
 	}
 	for name, tok := range tokens {
@@ -60,23 +73,36 @@ func layoutWorkspace(ws string, spec belay.SandboxSpec, tokens map[string]string
 	if uid < 0 {
 		return nil
 	}
-	for _, p := range []string{workspace.TokensDir, workspace.OutDir, workspace.HomeDir, workspace.Socket, "."} {
-		if err := os.Lchown(filepath.Join(ws, p), uid, gid); err != nil {
-			return fmt.Errorf("hand workspace to uid %d: %w", uid, err)
+	for _, d := range dirs {
+		if err := os.Lchown(filepath.Join(ws, d), uid, gid); err != nil {
+			return fmt.Errorf("hand workspace folder %s to uid %d: %w", d, uid, err)
+		}
+	}
+	for _, p := range []struct {
+		name string
+		mode os.FileMode
+	}{{workspace.Socket, 0o660}, {".", 0o750}} {
+		path := filepath.Join(ws, p.name)
+		if err := os.Lchown(path, -1, gid); err != nil {
+			return fmt.Errorf("open %s to gid %d: %w", p.name, gid, err)
+		}
+		if err := os.Chmod(path, p.mode); err != nil {
+			return fmt.Errorf("open %s to gid %d: %w", p.name, gid, err)
 		}
 	}
 	return nil
 }
 
 // writeNewFile creates path exclusively (never through a symbolic link)
-// with mode perm, owned by uid:gid when uid >= 0, and syncs it.
+// with mode perm, owned by uid and group gid where they are >= 0, and
+// syncs it.
 func writeNewFile(path string, data []byte, perm os.FileMode, uid, gid int) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, perm)
 	if err != nil {
 		return err
 	}
 	err = f.Chmod(perm) // the umask applied at creation
-	if err == nil && uid >= 0 {
+	if err == nil && (uid >= 0 || gid >= 0) {
 		err = f.Chown(uid, gid)
 	}
 	if err == nil {

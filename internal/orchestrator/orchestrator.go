@@ -37,6 +37,10 @@ const (
 	ReasonShutdown    = "control plane shutting down"
 	ReasonInterrupted = "interrupted: control plane restarted"
 	ReasonKilled      = "sandbox killed"
+	// ReasonOutOfMemory ends a run that failed after the kernel killed a
+	// process of its sandbox (the entry, or a check or command it ran) for
+	// going past the sandbox's memory limit.
+	ReasonOutOfMemory = "sandbox out of memory"
 	ReasonActivation  = "activation failed"
 	ReasonLaunch      = "sandbox launch failed"
 	ReasonLost        = "sandbox lost"
@@ -677,6 +681,10 @@ type Outcome struct {
 // the run records what the sandbox did by then, with the sandbox's own
 // reason (its wall-time reason when its time ran out), rather than a
 // second verdict on the same clock. Without such a bundle it is timeout.
+//
+// When the kernel killed a process of the sandbox at its memory limit
+// (exit.OOMKilled), a run that fails for any of these reasons but the
+// stopping ones fails with "sandbox out of memory" instead: that is why.
 // files are the outputs the sandbox uploaded (Collect).
 func Validate(run belay.Run, exit belay.SandboxExit, files map[string][]byte, waitErr error) Outcome {
 	out := Outcome{Status: belay.StatusFailed, Files: files}
@@ -696,6 +704,9 @@ func Validate(run belay.Run, exit belay.SandboxExit, files map[string][]byte, wa
 	case waitErr != nil:
 		out.Reason = ReasonLost
 		return out
+	case exit.Signaled && exit.OOMKilled:
+		out.Reason = ReasonOutOfMemory
+		return out
 	case exit.Signaled:
 		out.Reason = ReasonKilled
 		return out
@@ -709,6 +720,9 @@ func Validate(run belay.Run, exit belay.SandboxExit, files map[string][]byte, wa
 		code := exit.ExitCode
 		out.ExitCode = &code
 		out.Reason = fmt.Sprintf("sandbox exited with code %d", code)
+		if exit.OOMKilled {
+			out.Reason = ReasonOutOfMemory
+		}
 		return out
 	}
 	out.Reason = ReasonValidationPrefix + belay.ErrorMessage(err)
@@ -729,6 +743,11 @@ func bundleOutcome(run belay.Run, exit belay.SandboxExit, files map[string][]byt
 		out.Reason = b.Reason
 		if out.Reason == "" {
 			out.Reason = "failed"
+		}
+		if exit.OOMKilled {
+			// The bundle says what failed (a check killed by SIGKILL);
+			// the memory limit is why.
+			out.Reason = ReasonOutOfMemory
 		}
 	}
 	return out, true

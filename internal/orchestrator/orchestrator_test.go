@@ -659,6 +659,18 @@ func TestRunOutcomes(t *testing.T) {
 		{name: "killed mid-run", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
 			return sb.upload(belay.SandboxExit{ExitCode: -1, Signaled: true}, onlyTranscript(sb.h.t, sb.spec.RunID))
 		}}, status: belay.StatusFailed, reason: orchestrator.ReasonKilled, artifacts: []string{"transcript.jsonl"}},
+		{name: "killed at the memory limit", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
+			return sb.upload(belay.SandboxExit{ExitCode: 137, Signaled: true, OOMKilled: true}, onlyTranscript(sb.h.t, sb.spec.RunID))
+		}}, status: belay.StatusFailed, reason: orchestrator.ReasonOutOfMemory, artifacts: []string{"transcript.jsonl"}},
+		{name: "a check killed at the memory limit", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
+			return sb.upload(belay.SandboxExit{ExitCode: 0, OOMKilled: true}, failedBundle(sb.h.t, sb.spec.RunID))
+		}}, status: belay.StatusFailed, reason: orchestrator.ReasonOutOfMemory, exitCode: intPtr(1), checks: 1, artifacts: belay.ArtifactNames},
+		{name: "crashed after an OOM kill", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
+			return sb.upload(belay.SandboxExit{ExitCode: 2, OOMKilled: true}, onlyTranscript(sb.h.t, sb.spec.RunID))
+		}}, status: belay.StatusFailed, reason: orchestrator.ReasonOutOfMemory, exitCode: intPtr(2), artifacts: []string{"transcript.jsonl"}},
+		{name: "completed despite an OOM kill it recovered from", plan: plan{script: func(sb *fakeSandbox) belay.SandboxExit {
+			return sb.upload(belay.SandboxExit{ExitCode: 0, OOMKilled: true}, good(sb.h.t, sb.spec.RunID))
+		}}, status: belay.StatusCompleted, exitCode: intPtr(0), checks: 1, artifacts: belay.ArtifactNames},
 		{name: "wall time exceeded", wallTime: 1, plan: plan{script: blockUntilStopped(map[string][]byte{"transcript.jsonl": []byte("{}\n")})},
 			status: belay.StatusFailed, reason: orchestrator.ReasonTimeout, artifacts: []string{"transcript.jsonl"}},
 		{name: "sandbox panics", plan: plan{panicInWait: true},

@@ -82,6 +82,9 @@ func (e *entry) claimMode(ctx context.Context, getenv func(string) string) error
 	if err != nil {
 		return err
 	}
+	if err := checkAncestors(string(env.ws)); err != nil {
+		return err
+	}
 	if e.taskARN != nil {
 		env.taskARN = e.taskARN(ctx)
 	}

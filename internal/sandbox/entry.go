@@ -122,6 +122,9 @@ func (e *entry) fileMode(ctx context.Context, ws Workspace) error {
 	if err := Harden(); err != nil {
 		return err
 	}
+	if err := checkAncestors(string(ws)); err != nil {
+		return err
+	}
 	var tokens belay.SandboxTokens
 	for _, t := range []struct {
 		name string
@@ -204,10 +207,6 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 	layout, err := workspaceNames(string(ws))
 	if err != nil {
 		return err
-	}
-	if dirs := writableAncestors(string(ws)); len(dirs) > 0 {
-		log.Warn("folders above the workspace are writable by the sandbox user; a check that looks for its configuration upwards (pytest) may read what a shell command planted there",
-			"folders", dirs)
 	}
 
 	client := se.api
@@ -524,7 +523,19 @@ func resetWorkspace(ws string, layout map[string]bool, home string) error {
 		}
 	}
 	if err := removeAll(home); err != nil {
-		return fmt.Errorf("workspace: empty home: %w", err)
+		// In the local launcher's layout the workspace folder is root's:
+		// home's content is gone, but home itself cannot be removed (nor
+		// replaced by a command), and stays.
+		if fi, lerr := os.Lstat(home); lerr != nil || !fi.IsDir() {
+			return fmt.Errorf("workspace: empty home: %w", err)
+		}
+		if left, rerr := os.ReadDir(home); rerr != nil || len(left) > 0 {
+			return fmt.Errorf("workspace: empty home: %w", err)
+		}
+		if err := os.Chmod(home, 0o700); err != nil {
+			return fmt.Errorf("workspace: empty home: %w", err)
+		}
+		return nil
 	}
 	if err := os.Mkdir(home, 0o700); err != nil {
 		return fmt.Errorf("workspace: empty home: %w", err)

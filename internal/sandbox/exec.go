@@ -170,7 +170,8 @@ func RunCommand(ctx context.Context, c Command) (CommandResult, error) {
 }
 
 // runHardened starts cmd and waits for it on one locked OS thread that has
-// no_new_privs set. The flag is per thread and inherited at fork, and a
+// no_new_privs set, and leaves the entry room under the uid's process limit
+// (reserveThreadsForEntry). The flag is per thread and inherited at fork, and a
 // cgo-linked binary cannot set it on every thread at once, so setting it on
 // the forking thread is what guarantees the child has it. The thread is
 // retired afterwards (the goroutine exits locked); it is also the thread the
@@ -186,6 +187,12 @@ func runHardened(cmd *exec.Cmd) error {
 		}
 		if err := cmd.Start(); err != nil {
 			errc <- err
+			return
+		}
+		if err := reserveThreadsForEntry(cmd.Process.Pid); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			errc <- fmt.Errorf("limit the command's processes: %w", err)
 			return
 		}
 		err := cmd.Wait()

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/belay-dev/belay/internal/sandbox/workspace/workspacetest"
 )
 
 // testUID is the unprivileged user helper processes run as when the tests
@@ -63,15 +65,14 @@ func helperBinary(tb testing.TB) string {
 	return dst
 }
 
-// worldReadableDir returns a fresh temporary directory that testUID can
-// enter (t.TempDir is owner-only, and so is its parent).
+// worldReadableDir returns a fresh directory that testUID can enter, where
+// no folder above is writable by testUID (the entry refuses a workspace
+// below /tmp, where t.TempDir is).
 func worldReadableDir(tb testing.TB) string {
 	tb.Helper()
-	dir := tb.TempDir()
-	for d := dir; d != os.TempDir() && d != "/" && d != "."; d = filepath.Dir(d) {
-		if err := os.Chmod(d, 0o755); err != nil {
-			tb.Fatal(err)
-		}
+	dir := workspacetest.Dir(tb, "sbx")
+	if err := os.Chmod(dir, 0o755); err != nil {
+		tb.Fatal(err)
 	}
 	return dir
 }

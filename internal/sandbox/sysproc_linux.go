@@ -28,6 +28,34 @@ func setThreadNoNewPrivs() error {
 	return unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 }
 
+// entryThreadReserve is how many of the uid's processes and threads a
+// command leaves to the entry: RLIMIT_NPROC counts every task of the uid,
+// the commands' and the entry's alike, and the Go runtime cannot live
+// without a new thread when it needs one (it exits).
+const entryThreadReserve = 64
+
+// reserveThreadsForEntry lowers the process limit of the command pid (a
+// child of the entry, of the entry's uid, which may lower it without
+// privilege) to entryThreadReserve below the entry's own, so a fork bomb in
+// a check stops while the entry can still start threads, report and
+// upload. It does nothing when the entry's limit is unlimited or too small
+// to share. The command runs for a moment before the limit lands (Go
+// cannot set a child's limits before exec): a program that forks at once
+// may briefly go past it, and the entry then fails as before, its run
+// failed, never completed.
+func reserveThreadsForEntry(pid int) error {
+	var own unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NPROC, &own); err != nil {
+		return err
+	}
+	if own.Max == unix.RLIM_INFINITY || own.Max < 4*entryThreadReserve {
+		return nil
+	}
+	child := unix.Rlimit{Max: own.Max - entryThreadReserve}
+	child.Cur = min(own.Cur, child.Max)
+	return unix.Prlimit(pid, unix.RLIMIT_NPROC, &child, nil)
+}
+
 // killStrays kills every other process in the entry's PID namespace when
 // the entry is that namespace's init (pid 1), as the local launcher starts
 // it with namespaces and as a Fargate task runs it, and reaps them, waiting

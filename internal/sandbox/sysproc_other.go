@@ -21,3 +21,6 @@ func setThreadNoNewPrivs() error { return nil }
 
 // killStrays does nothing off Linux (see the Linux version).
 func killStrays(time.Duration) (int, error) { return 0, nil }
+
+// reserveThreadsForEntry does nothing off Linux (see the Linux version).
+func reserveThreadsForEntry(int) error { return nil }

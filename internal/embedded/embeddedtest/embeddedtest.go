@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/belay-dev/belay/internal/embedded"
+	"github.com/belay-dev/belay/internal/ocisandbox/ocisandboxtest"
+	"github.com/belay-dev/belay/internal/sandbox/workspace/workspacetest"
 )
 
 // Logs collects a Main's log output from concurrent goroutines, so a test
@@ -60,19 +62,12 @@ func ModuleRoot(tb testing.TB) string {
 
 // SandboxDir returns a new, short directory for sandbox workspaces: a Unix
 // socket path inside it must stay under 108 bytes, and as root the
-// unprivileged sandbox user must be able to search it (mode 0711, in the
-// world-searchable temporary directory). It is removed when the test ends.
+// unprivileged sandbox users must be able to search it (mode 0711) while
+// no folder above it is writable by them, so it is not in /tmp (see
+// workspacetest.Dir). It is removed when the test ends.
 func SandboxDir(tb testing.TB) string {
 	tb.Helper()
-	dir, err := os.MkdirTemp("", "bsx")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o711); err != nil {
-		tb.Fatal(err)
-	}
-	return dir
+	return workspacetest.Dir(tb, "bsx")
 }
 
 // InertSandbox returns an executable that exits at once with status 64,
@@ -130,17 +125,22 @@ func RealSandbox(tb testing.TB) string {
 
 // Config returns a configuration for a test: port 0 on loopback, a fresh
 // data directory, short sandbox directory, the example scripted session
-// (examples/sessions/fix-calc.json) as the upstream, the inert sandbox,
-// and debug logs into logs (when not nil).
+// (examples/sessions/fix-calc.json) as the upstream, the process launcher
+// (explicitly, with its weaker isolation accepted: these tests are of the
+// control plane, and their sandboxes are stand-ins) with the inert
+// sandbox, and debug logs into logs (when not nil). OCI switches it to
+// the OCI launcher and the real image.
 func Config(tb testing.TB, logs *Logs) embedded.Config {
 	tb.Helper()
 	cfg := embedded.Config{
-		Addr:          "127.0.0.1:0",
-		DataDir:       filepath.Join(tb.TempDir(), "data"),
-		SandboxDir:    SandboxDir(tb),
-		SandboxBin:    InertSandbox(tb),
-		ScriptedModel: filepath.Join(ModuleRoot(tb), "examples", "sessions", "fix-calc.json"),
-		Logger:        slog.New(slog.DiscardHandler),
+		Addr:               "127.0.0.1:0",
+		DataDir:            filepath.Join(tb.TempDir(), "data"),
+		SandboxDir:         SandboxDir(tb),
+		SandboxBin:         InertSandbox(tb),
+		Launcher:           embedded.LauncherProcess,
+		AllowWeakIsolation: true,
+		ScriptedModel:      filepath.Join(ModuleRoot(tb), "examples", "sessions", "fix-calc.json"),
+		Logger:             slog.New(slog.DiscardHandler),
 	}
 	if logs != nil {
 		cfg.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -178,4 +178,18 @@ func Run(tb testing.TB, m *embedded.Main) *embedded.Main {
 		}
 	})
 	return m
+}
+
+// OCI switches cfg to the OCI launcher with the sandbox image that
+// make test builds (ocisandboxtest.Image: it skips the test outside CI
+// when the image, runc or root is missing, and fails it in CI), sharing
+// the unpacked image between tests, with the weaker isolation no longer
+// accepted.
+func OCI(tb testing.TB, cfg *embedded.Config) {
+	tb.Helper()
+	cfg.Launcher = embedded.LauncherOCI
+	cfg.AllowWeakIsolation = false
+	cfg.SandboxBin = ""
+	cfg.SandboxImage = ocisandboxtest.Image(tb)
+	cfg.ImageCache = ocisandboxtest.Cache(tb)
 }

@@ -8,15 +8,35 @@
 // A workspace folder holds:
 //
 //	spec.json     the run's belay.SandboxSpec, never a token (file mode)
+//	api.sock      the control plane's internal routes, when served on a Unix socket
 //	tokens/       one owner-only file per audience token, unlinked once read (file mode)
 //	repo/         the repository the entry builds from the spec's files
 //	home/         HOME of the entry and of every command it runs
-//	api.sock      the control plane's internal routes, when served on a Unix socket
 //
 // The entry leaves no result files for anyone to read: it uploads
 // result.json, patch.diff and transcript.jsonl through the internal API.
 // In claim mode only repo/ and home/ are there; the rest comes from the
 // claim exchange (see EnvClaim).
+//
+// Who owns what is part of the contract. When the local launcher runs as
+// root, the workspace folder itself, spec.json and api.sock are root's,
+// with the sandbox's own group (mode 0750, 0640 and 0660): the sandbox can
+// enter the folder, read the spec and connect to the socket, but it cannot
+// add, remove, rename or replace anything in the folder, so api.sock stays
+// the control plane's for the whole run and the folder cannot be moved.
+// tokens/, repo/ and home/ (and an empty out/, which the entry no longer
+// uses) are the sandbox user's own (0700) and already exist, empty, when
+// the entry starts: it writes inside them, never beside them. No folder
+// between repo/ and / is writable by the sandbox user, so a tool that
+// looks for its configuration upwards from the repository (pytest reads
+// pytest.ini, tox.ini, setup.cfg, pyproject.toml and conftest.py in every
+// parent) finds nothing a command planted there.
+//
+// Elsewhere (a launcher that runs the sandbox as its own user, a Fargate
+// task's or an OCI container's volume) the whole folder may belong to the
+// sandbox user; the entry then removes whatever appeared beside these
+// names before the final checks. Either way the entry refuses to start when
+// a folder above the workspace is writable by it (see internal/sandbox).
 package workspace
 
 // The names in a workspace folder.

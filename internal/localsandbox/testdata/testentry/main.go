@@ -12,6 +12,11 @@
 //	mess          leave an unsearchable folder behind, then exit 0
 //	peek DIR      try to list DIR and read DIR/spec.json (another sandbox's
 //	              workspace); report the errors
+//	procattack WS find the sandbox entry running in workspace WS through
+//	              /proc (its command line), then try to read and change its
+//	              workspace through /proc/PID/cwd, /proc/PID/root and WS
+//	              itself; report what was found and each attempt's outcome
+//	bigfile N     write a file of N bytes into home/; report the error
 package main
 
 import (
@@ -51,6 +56,11 @@ type Report struct {
 	APIError       string
 	Interfaces     []string
 	PeekErrors     []string
+	// AttackTarget is the pid procattack found for its workspace, 0 when
+	// none; Attacks maps each attempt to "ok" or its error.
+	AttackTarget int
+	Attacks      map[string]string
+	WriteError   string
 }
 
 // TokenFile is what the entry found of one token file before reading it.
@@ -135,6 +145,20 @@ func run(ws sandbox.Workspace) error {
 		if _, err := os.ReadFile(filepath.Join(arg, "spec.json")); err != nil {
 			rep.PeekErrors = append(rep.PeekErrors, err.Error())
 		}
+	case "procattack":
+		rep.Attacks = map[string]string{}
+		rep.AttackTarget = findEntry(arg)
+		if rep.AttackTarget != 0 {
+			procAttack(rep.Attacks, rep.AttackTarget, arg)
+		}
+	case "bigfile":
+		var n int64
+		if _, err := fmt.Sscan(arg, &n); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(ws.HomeDir(), "big"), make([]byte, n), 0o644); err != nil {
+			rep.WriteError = err.Error()
+		}
 	case "mess":
 		locked := filepath.Join(out, "locked")
 		if err := os.Mkdir(locked, 0o700); err != nil {
@@ -154,6 +178,58 @@ func run(ws sandbox.Workspace) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(out, "report.json"), b, 0o644)
+}
+
+// findEntry returns the pid of the process whose command line is
+// `... --workspace ws`, the way anyone on the host can find a sandbox.
+func findEntry(ws string) int {
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		var pid int
+		if _, err := fmt.Sscan(p.Name(), &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + p.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		for i := 0; i+1 < len(argv); i++ {
+			if argv[i] == "--workspace" && argv[i+1] == ws {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+// procAttack tries, as another sandbox's attacker would, to read and change
+// the workspace ws of the entry pid.
+func procAttack(res map[string]string, pid int, ws string) {
+	proc := fmt.Sprintf("/proc/%d", pid)
+	outcome := func(name string, err error) {
+		if err != nil {
+			res[name] = err.Error()
+		} else {
+			res[name] = "ok"
+		}
+	}
+	_, err := os.Readlink(proc + "/cwd")
+	outcome("readlink cwd", err)
+	_, err = os.ReadDir(proc + "/cwd")
+	outcome("list cwd", err)
+	_, err = os.ReadFile(proc + "/cwd/spec.json")
+	outcome("read cwd/spec.json", err)
+	_, err = os.ReadFile(proc + "/root" + ws + "/spec.json")
+	outcome("read root/spec.json", err)
+	_, err = os.ReadFile(proc + "/environ")
+	outcome("read environ", err)
+	_, err = os.ReadFile(filepath.Join(ws, "spec.json"))
+	outcome("read spec.json", err)
+	err = os.WriteFile(filepath.Join(ws, "repo", "a.py"), []byte("planted\n"), 0o644)
+	outcome("write repo/a.py", err)
+	err = os.WriteFile(proc+"/cwd/repo/a.py", []byte("planted\n"), 0o644)
+	outcome("write cwd/repo/a.py", err)
 }
 
 // postEvent appends one sandbox.ready event through the internal API and
@@ -184,4 +260,3 @@ func postEvent(spec belay.SandboxSpec, tok string) (int, string) {
 	resp.Body.Close()
 	return resp.StatusCode, ""
 }
-
