@@ -112,6 +112,9 @@ func startHookHarness(t *testing.T, o hookOptions) *hookHarness {
 	h.m = embeddedtest.Start(t, cfg)
 	h.base = "http://" + h.m.Addr()
 	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("control plane log:\n%s", h.logs.String())
+		}
 		for _, secret := range []string{webhookSecret, gitToken, githubToken} {
 			if strings.Contains(h.logs.String(), secret) {
 				t.Errorf("a secret reached the log")

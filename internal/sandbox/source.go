@@ -17,8 +17,9 @@ import (
 )
 
 // sourceBundleFile is where the entry keeps the downloaded bundle until the
-// repository is built from it, inside the workspace.
-const sourceBundleFile = "source.bundle"
+// repository is built from it: in the workspace's home/, one of the folders
+// the sandbox may write (the workspace folder itself is the launcher's).
+const sourceBundleFile = "belay-source.bundle"
 
 // downloadSource fetches the run's git bundle from t (the source route with
 // the events token, or a presigned URL) into dst, and checks that it is
@@ -118,7 +119,7 @@ func (e *entry) buildFromSource(ctx context.Context, se session, g Git) (*Base, 
 	if se.source == nil {
 		return nil, errors.New("build repository: the run has a git source but no download target for it")
 	}
-	path := filepath.Join(string(se.ws), sourceBundleFile)
+	path := filepath.Join(se.ws.HomeDir(), sourceBundleFile)
 	u := &uploader{api: se.api, base: se.spec.APIBaseURL, log: e.log}
 	if err := u.downloadSource(ctx, *se.source, path, *src.Bundle); err != nil {
 		_ = os.Remove(path)
