@@ -80,15 +80,15 @@ type localAWS struct {
 	secrets                   map[string]string // secret ARN → value
 	providerKey, controlToken string
 
-	fns      map[string]*rie.Function // by function name
-	public   *gateway
-	private  *gateway
-	sfnAPI   *awstest.Server
-	ecsAPI   *awstest.Server
-	smAPI    *awstest.Server
+	fns     map[string]*rie.Function // by function name
+	public  *gateway
+	private *gateway
+	sfnAPI  *awstest.Server
+	ecsAPI  *awstest.Server
+	smAPI   *awstest.Server
 	// ebAPI takes the run status events the functions put on the bus
 	// (EventBridge has no local peer; awstest checks each request).
-	ebAPI *awstest.Server
+	ebAPI    *awstest.Server
 	upstream *upstream
 	runner   *taskRunner
 	entry    string
