@@ -3,13 +3,16 @@ package main
 import (
 	"fmt"
 	"net/url"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"github.com/aws/constructs-go/constructs/v10"
 
+	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/hardening"
+	"github.com/belay-dev/belay/internal/triggers"
 )
 
 // The context values the stack reads (`cdk synth -c name=value`, or the
@@ -30,6 +33,7 @@ const (
 	ctxThrottleRate       = "throttleRateLimit"
 	ctxThrottleBurst      = "throttleBurstLimit"
 	ctxAlarmEmail         = "alarmEmail"
+	ctxTriggers           = "triggers"
 )
 
 // Who may call the public API.
@@ -65,6 +69,10 @@ type config struct {
 	ThrottleRate       int
 	ThrottleBurst      int
 	AlarmEmail         string
+	// Triggers is the triggers file's JSON for the webhook and the
+	// dispatcher (context "triggers": the JSON, or @path of a file);
+	// empty deploys them without triggers (they refuse to start).
+	Triggers string
 }
 
 var digestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
@@ -106,6 +114,7 @@ func readConfig(scope constructs.Construct) (config, error) {
 		ThrottleRate:       num(ctxThrottleRate, 20, 1, 10000),
 		ThrottleBurst:      num(ctxThrottleBurst, 40, 1, 5000),
 		AlarmEmail:         str(ctxAlarmEmail, ""),
+		Triggers:           str(ctxTriggers, ""),
 	}
 	switch c.Auth {
 	case authToken, authSigV4:
@@ -136,6 +145,20 @@ func readConfig(scope constructs.Construct) (config, error) {
 	}
 	if c.AlarmEmail != "" && !strings.Contains(c.AlarmEmail, "@") {
 		errs = append(errs, fmt.Sprintf("context %s=%q is not an email address", ctxAlarmEmail, c.AlarmEmail))
+	}
+	if path, ok := strings.CutPrefix(c.Triggers, "@"); ok {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("context %s: %v", ctxTriggers, err))
+		}
+		c.Triggers = string(b)
+	}
+	if c.Triggers != "" && c.Model != "" {
+		lim := belay.DefaultLimits(c.Model)
+		lim.GitURLs = triggers.OperatorGitURLs
+		if _, err := triggers.Parse(strings.NewReader(c.Triggers), lim); err != nil {
+			errs = append(errs, fmt.Sprintf("context %s: %v", ctxTriggers, err))
+		}
 	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("belay stack configuration:\n  %s", strings.Join(errs, "\n  "))

@@ -22,10 +22,14 @@ const (
 	fnSandboxAPI = "sandboxapi"
 	fnSteps      = "steps"
 	fnCleanup    = "cleanup"
+	// Repository events (triggers.go).
+	fnWebhook    = "webhook"
+	fnDispatcher = "dispatcher"
+	fnPublisher  = "publisher"
 )
 
 // functionNames lists them in the order the stack builds them.
-var functionNames = []string{fnAPI, fnStream, fnModelProxy, fnSandboxAPI, fnSteps, fnCleanup}
+var functionNames = []string{fnAPI, fnStream, fnModelProxy, fnSandboxAPI, fnSteps, fnCleanup, fnWebhook, fnDispatcher, fnPublisher}
 
 // The environment the functions read (CONTRACTS.md "Function names and
 // environment"; the README lists every variable of every function).
@@ -63,6 +67,12 @@ func functionSpecs() map[string]functionSpec {
 		fnSandboxAPI: {256, awscdk.Duration_Seconds(jsii.Number(29)), "belay internal routes for the sandbox (private API): claim, events, approvals, outputs"},
 		fnSteps:      {512, awscdk.Duration_Seconds(jsii.Number(60)), "belay Step Functions tasks: activate, validate, finalize, fail"},
 		fnCleanup:    {256, awscdk.Duration_Seconds(jsii.Number(60)), "belay cleanup after an execution is aborted, timed out or failed"},
+		// GitHub waits 10 s for an answer; the webhook only records and
+		// publishes.
+		fnWebhook: {256, awscdk.Duration_Seconds(jsii.Number(10)), "belay GitHub webhooks: verify, match the triggers, put the repository event on the bus"},
+		// A fetch of up to 100 MiB of history, in memory and /tmp.
+		fnDispatcher: {1024, awscdk.Duration_Minutes(jsii.Number(5)), "belay dispatcher: a repository event becomes a run (source fetched by the control plane)"},
+		fnPublisher:  {1024, awscdk.Duration_Minutes(jsii.Number(5)), "belay publisher: a finished run's safe outputs (branch, pull request, comment)"},
 	}
 }
 

@@ -80,12 +80,15 @@ type localAWS struct {
 	secrets                   map[string]string // secret ARN → value
 	providerKey, controlToken string
 
-	fns      map[string]*rie.Function // by function name
-	public   *gateway
-	private  *gateway
-	sfnAPI   *awstest.Server
-	ecsAPI   *awstest.Server
-	smAPI    *awstest.Server
+	fns     map[string]*rie.Function // by function name
+	public  *gateway
+	private *gateway
+	sfnAPI  *awstest.Server
+	ecsAPI  *awstest.Server
+	smAPI   *awstest.Server
+	// ebAPI takes the run status events the functions put on the bus
+	// (EventBridge has no local peer; awstest checks each request).
+	ebAPI    *awstest.Server
 	upstream *upstream
 	runner   *taskRunner
 	entry    string
@@ -145,6 +148,10 @@ func startLocalAWS(t *testing.T) *localAWS {
 		l.values[st.logicalID(t, "SigningKey/Resource")]:   randomHex(32),
 	}
 	l.smAPI = awstest.New(t, awstest.SecretsManager)
+	l.ebAPI = awstest.New(t, "AWSEvents.")
+	l.ebAPI.Handle("PutEvents", func(body map[string]any) (int, any) {
+		return 200, map[string]any{"FailedEntryCount": 0, "Entries": []any{map[string]any{"EventId": "local"}}}
+	})
 	l.smAPI.Handle("GetSecretValue", func(body map[string]any) (int, any) {
 		id, _ := body["SecretId"].(string)
 		v, ok := l.secrets[id]
@@ -246,6 +253,8 @@ func (l *localAWS) resolveValues() {
 			v[id] = "subnet-" + strings.ToLower(id[len(id)-8:]) + "00000000"
 		case "AWS::ApiGateway::RestApi":
 			v[id] = strings.ToLower(id[len(id)-8:])
+		case "AWS::Events::EventBus":
+			v[id], v[id+".Name"], v[id+".Arn"] = "belay-local-bus", "belay-local-bus", "arn:aws:events:us-east-1:123456789012:event-bus/belay-local-bus"
 		}
 	}
 	v[st.logicalID(t, "Steps/Resource")+".Arn"] = localStepsARN
@@ -338,6 +347,7 @@ func (l *localAWS) functionEnv(id, name string) map[string]string {
 	env["BELAY_SFN_ENDPOINT"] = l.sfnAPI.URL
 	env["BELAY_ECS_ENDPOINT"] = l.ecsAPI.URL
 	env["BELAY_SECRETSMANAGER_ENDPOINT"] = l.smAPI.URL
+	env["BELAY_EVENTBRIDGE_ENDPOINT"] = l.ebAPI.URL
 	if name == fnModelProxy {
 		// The operator's provider is the local scripted upstream.
 		env[envModelAPIURL] = l.upstream.srv.URL + "/v1/chat/completions"

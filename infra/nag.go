@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigateway"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
 )
@@ -85,6 +86,22 @@ func (s *belayStack) suppressions() {
 	suppress(s.privateAPI, "AwsSolutions-APIG4",
 		"The internal routes are reachable only through the VPC's execute-api endpoint (resource policy on aws:SourceVpce) and authenticate each sandbox by its single-use claim code, then by its run tokens (HMAC-SHA256, one audience each), checked by sandboxapi and modelproxy.")
 
+	// Repository events (triggers.go).
+	for _, sec := range []awssecretsmanager.Secret{s.webhookSecret, s.gitCredentials, s.githubToken} {
+		suppress(sec, "AwsSolutions-SMG4",
+			"The webhook secret, the git credentials and the GitHub token are issued by GitHub (or the git host), not by AWS: the operator rotates them there and puts the new value with put-secret-value (README, Deploy); the functions read them again within minutes.")
+	}
+	for _, name := range []string{fnDispatcher, fnPublisher} {
+		suppress(s.fns[name].Role(), "AwsSolutions-IAM5",
+			"Source bundles and artifacts are objects runs/<runId>/<name> and run ids are known only at run time: the runs/ prefix of belay's artifact bucket is the narrowest resource.",
+			artifacts)
+	}
+	suppress(s.webhookMethod, "AwsSolutions-APIG4",
+		"GitHub sends no bearer token or AWS signature: the webhook function checks each delivery's X-Hub-Signature-256 (HMAC-SHA256 of the body with the webhook secret, constant time) and stores nothing for a bad one.")
+	suppress(s.webhookMethod, "AwsSolutions-COG4",
+		"GitHub sends no bearer token or AWS signature: the webhook function checks each delivery's X-Hub-Signature-256 (HMAC-SHA256 of the body with the webhook secret, constant time) and stores nothing for a bad one.")
+	suppress(s.dispatcherDLQ, "AwsSolutions-SQS3",
+		"This queue is itself the dead-letter queue of the repository-event rules' Lambda targets.")
 	suppress(s.cleanupDLQ, "AwsSolutions-SQS3",
 		"This queue is itself the dead-letter queue of the ExecutionEnded rule's Lambda target and of cleanup's asynchronous invocations, uses cdk-nag does not see; its depth raises the CleanupDeadLettersAlarm.")
 }

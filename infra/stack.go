@@ -7,6 +7,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsecr"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsecs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
@@ -69,6 +70,14 @@ type belayStack struct {
 
 	// alarms.go
 	alarmTopic awssns.Topic
+
+	// triggers.go
+	bus            awsevents.EventBus
+	webhookSecret  awssecretsmanager.Secret
+	gitCredentials awssecretsmanager.Secret
+	githubToken    awssecretsmanager.Secret
+	dispatcherDLQ  awssqs.Queue
+	webhookMethod  awsapigateway.Method
 }
 
 // newApp adds belay's stack to app with cdk-nag's AWS Solutions checks, so
@@ -109,6 +118,7 @@ func newStack(scope awscdk.App, id string, cfg config) (*belayStack, error) {
 	if err := s.orchestration(); err != nil {
 		return nil, err
 	}
+	s.triggers()
 	s.alarms()
 	s.outputs()
 	s.suppressions()

@@ -456,6 +456,9 @@ func (l *localAWS) statusChange(tb testing.TB, runID, status string) []byte {
 	// The stack's rule must match it.
 	for _, r := range l.st.resources("AWS::Events::Rule") {
 		p := props(r)["EventPattern"].(map[string]any)
+		if !slices.Contains(stringsOf(p["source"]), "aws.states") {
+			continue // the repository-event rules (triggers.go)
+		}
 		dp := p["detail"].(map[string]any)
 		ok := slices.Contains(stringsOf(p["source"]), ev["source"].(string)) &&
 			slices.Contains(stringsOf(p["detail-type"]), ev["detail-type"].(string)) &&

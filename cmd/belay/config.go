@@ -45,5 +45,10 @@ func cmdConfig(ctx context.Context, e *env, args []string) error {
 	fmt.Fprintf(w, "  steps:             %d by default, at most %d\n", l.DefaultMaxSteps, l.MaxSteps)
 	fmt.Fprintf(w, "  wall time:         %d s by default, at most %d s\n", l.DefaultWallTimeSeconds, l.MaxWallTimeSeconds)
 	fmt.Fprintf(w, "  approval timeout:  %d s by default, at most %d s\n", l.DefaultApprovalTimeoutSeconds, l.MaxApprovalTimeoutSeconds)
+	if cfg.GitSources {
+		fmt.Fprintf(w, "  git sources:       fetched by the server (belay run --repo); at most %d files, %d MiB\n", l.RepoMaxFiles, l.RepoMaxBytes>>20)
+	} else {
+		fmt.Fprintf(w, "  git sources:       not taken by this server\n")
+	}
 	return nil
 }

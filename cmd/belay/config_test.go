@@ -102,6 +102,7 @@ func TestConfigPrintsWhatTheServerAccepts(t *testing.T) {
 		"  python3 -m pytest -q\n", "  gradle test\n", "  go test ./...\n",
 		"files:             at most 32, 64 KiB each, 512 KiB in all",
 		"wall time:         180 s by default, at most 220 s",
+		"git sources:       fetched by the server (belay run --repo); at most 20000 files, 100 MiB",
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("belay config lacks %q:\n%s", want, r.stdout)
@@ -119,8 +120,12 @@ func TestConfigPrintsWhatTheServerAccepts(t *testing.T) {
 	want := belay.DefaultLimits(s.main.Model())
 	want.Extensions = append(want.Extensions, ".kt", ".KTS")
 	want.AllowedChecks = append(want.AllowedChecks, []string{"gradle", "test"}, []string{"go", "test", "./..."})
-	if !reflect.DeepEqual(got, wire.ConfigOf(want)) {
-		t.Errorf("belay config --json = %+v\nwant %+v", got, wire.ConfigOf(want))
+	// belay serve fetches git sources, also from a loopback server.
+	want.GitURLs.AllowLoopbackHTTP = true
+	wantCfg := wire.ConfigOf(want)
+	wantCfg.GitSources = true
+	if !reflect.DeepEqual(got, wantCfg) {
+		t.Errorf("belay config --json = %+v\nwant %+v", got, wantCfg)
 	}
 	if !reflect.DeepEqual(got.RunLimits(), want) {
 		t.Errorf("RunLimits() = %+v\nwant %+v", got.RunLimits(), want)

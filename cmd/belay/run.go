@@ -19,6 +19,13 @@ const runDoc = `Uploads the text files under DIR and asks belay to run the agent
 the agent follows the instruction, may change only the --allow paths, and
 its change is proved by the --check commands.
 
+With --repo URL instead of DIR, the server fetches the tree from that git
+repository (https; plain http only to a loopback server) at --ref (a branch,
+a tag, a full ref or a full commit id; the default branch when absent), with
+its own git credentials, within its repository limits (belay config shows
+them); the sandbox gets the commit with its history, and the patch is
+against that commit. The --allow paths must name files or folders of it.
+
 Files: regular files with an extension the server accepts (GET /v1/config,
 shown by belay config: .py, .md, .json, ... and what the operator added),
 each within the server's size limit. Every file or folder left out is named
@@ -35,12 +42,28 @@ It prints the run id. With --follow it then prints the run's events live and,
 at the end, the outcome, the check results and the patch; it exits 0 only if
 the run completed.`
 
+// hasRepoFlag reports whether args give --repo (looked at before parsing,
+// to know whether DIR is expected).
+func hasRepoFlag(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "--repo" || a == "-repo" || strings.HasPrefix(a, "--repo=") || strings.HasPrefix(a, "-repo=") {
+			return true
+		}
+	}
+	return false
+}
+
 // skippedDirs are directories never uploaded: tool caches and dependencies.
 var skippedDirs = map[string]bool{"__pycache__": true, "node_modules": true}
 
 // cmdRun runs `belay run DIR ...`.
 func cmdRun(ctx context.Context, e *env, args []string) error {
-	fs := newFlagSet(e, "run", "DIR --instruction TEXT --allow PATH... --check CMD... [flags]", runDoc)
+	fs := newFlagSet(e, "run", "DIR|--repo URL [--ref REF] --instruction TEXT --allow PATH... --check CMD... [flags]", runDoc)
+	repo := fs.String("repo", "", "git repository `URL` the server fetches the tree from, instead of DIR")
+	ref := fs.String("ref", "", "with --repo: the branch, tag, full ref or commit `id` to run on (default: the default branch)")
 	instruction := fs.String("instruction", "", "what the agent should do (required)")
 	var allow, checks, approvalAllow stringList
 	fs.Var(&allow, "allow", "a `path` the agent may change, relative to DIR; end it in /** for a subtree (repeatable)")
@@ -51,9 +74,18 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	fs.Var(&approvalAllow, "approval-allow", "a `tool` the allow_list or ask policy allows without asking (repeatable)")
 	idemKey := fs.String("idempotency-key", "", "retry-safe `key`: the same key and request return the same run")
 	follow := fs.Bool("follow", false, "print the events live, then the outcome and the patch")
-	pos, err := parseExact(fs, args, "DIR")
+	var pos []string
+	var err error
+	if hasRepoFlag(args) {
+		pos, err = parseExact(fs, args)
+	} else {
+		pos, err = parseExact(fs, args, "DIR")
+	}
 	if err != nil {
 		return err
+	}
+	if *repo == "" && *ref != "" {
+		return usagef("--ref goes with --repo")
 	}
 	if strings.TrimSpace(*instruction) == "" {
 		return usagef("--instruction is required: say what the agent should do")
@@ -86,7 +118,17 @@ func cmdRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if req.Files, err = readTree(pos[0], lim, e.stderr); err != nil {
+	if *repo != "" {
+		// The server checks these too; checked here, a typo costs no
+		// request.
+		if err := belay.CheckGitURL(*repo, lim.GitURLs); err != nil {
+			return usagef("--repo: %s", strings.TrimPrefix(belay.ErrorMessage(err), "source.git.url: "))
+		}
+		if err := belay.CheckGitRef(*ref); err != nil {
+			return usagef("--ref: %s", strings.TrimPrefix(belay.ErrorMessage(err), "source.git.ref: "))
+		}
+		req.Source = &belay.Source{Git: &belay.GitSource{URL: *repo, Ref: *ref}}
+	} else if req.Files, err = readTree(pos[0], lim, e.stderr); err != nil {
 		return err
 	}
 	created, err := c.CreateRun(ctx, req, *idemKey)

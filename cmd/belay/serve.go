@@ -49,9 +49,15 @@ anthropic speaks Anthropic's Messages API (the key as for openai), and
 default AWS credentials (no key). The sandbox speaks chat completions to
 belay whichever it is.
 
-The provider key and the control-plane token are not flags, so they never
-show in a process listing: set BELAY_MODEL_API_KEY (or a key file) and
-BELAY_TOKEN in the environment.`
+With --triggers, GitHub's webhooks are served at POST /v1/webhooks/github
+(signed with BELAY_GITHUB_WEBHOOK_SECRET), and runs they start get safe
+outputs: a branch belay/<runId>, a pull request and a comment.
+
+The provider key, the control-plane token, the webhook secret and the git
+and GitHub credentials are not flags, so they never show in a process
+listing: set BELAY_MODEL_API_KEY (or a key file), BELAY_TOKEN,
+BELAY_GITHUB_WEBHOOK_SECRET, BELAY_GIT_CREDENTIALS and BELAY_GITHUB_TOKEN (or
+their _FILE variants) in the environment.`
 
 // cmdServe runs `belay serve` until ctx ends (SIGINT, SIGTERM).
 func cmdServe(ctx context.Context, e *env, args []string) error {
@@ -111,6 +117,14 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		cfg.MaxResumes = &n
 		return nil
 	})
+	fs.StringVar(&cfg.RepoEvents.Triggers, "triggers", cfg.RepoEvents.Triggers,
+		"triggers `file` (or its JSON): which repositories' events start runs; enables POST /v1/webhooks/github (BELAY_TRIGGERS)")
+	fs.IntVar(&cfg.RepoEvents.RepoMaxFiles, "repo-max-files", cfg.RepoEvents.RepoMaxFiles,
+		"most files a git source's commit may hold (BELAY_REPO_MAX_FILES; default 20000)")
+	fs.Int64Var(&cfg.RepoEvents.RepoMaxBytes, "repo-max-bytes", cfg.RepoEvents.RepoMaxBytes,
+		"most `bytes` of a git source's files, and of its bundle (BELAY_REPO_MAX_BYTES; default 104857600)")
+	fs.StringVar(&cfg.RepoEvents.GitHubAPIURL, "github-api-url", cfg.RepoEvents.GitHubAPIURL,
+		"GitHub's REST API `URL` for pull requests and comments (BELAY_GITHUB_API_URL; default https://api.github.com/)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", embedded.DefaultShutdownTimeout,
 		"bound on each stage of a graceful shutdown")
 	if _, err := parseExact(fs, args); err != nil {

@@ -2,6 +2,7 @@ package belay
 
 import (
 	"context"
+	"io"
 	"time"
 )
 
@@ -153,6 +154,7 @@ type Store interface {
 	ClaimStore
 	CheckpointStore
 	ModelCallStore
+	DeliveryStore
 }
 
 // ArtifactInfo names one stored artifact and its size in bytes.
@@ -186,3 +188,23 @@ const MaxArtifactBytes = 8 << 20
 
 // ArtifactNames are the artifacts a run produces.
 var ArtifactNames = []string{"result.json", "patch.diff", "transcript.jsonl"}
+
+// SourceBundleName is the artifact name a run's git source bundle is kept
+// under, beside its other artifacts but never listed or served to callers
+// (it is not one of ArtifactNames).
+const SourceBundleName = "source.bundle"
+
+// SourceStore keeps what a run starts from that its record cannot hold: a
+// git source's bundle (SourceBundleName), up to the repository limit's
+// size, streamed rather than held in memory.
+type SourceStore interface {
+	// PutSource stores the run's bundle, read from r to its end, replacing
+	// any earlier one, and returns its size and SHA-256. Returns invalid
+	// for a bad run id; too_large, storing nothing, when r holds more than
+	// maxBytes.
+	PutSource(ctx context.Context, runID string, r io.Reader, maxBytes int64) (SourceBundle, error)
+
+	// OpenSource opens the run's bundle and returns its size. Returns
+	// not_found if the run has none.
+	OpenSource(ctx context.Context, runID string) (io.ReadCloser, int64, error)
+}

@@ -7,14 +7,28 @@ import "strings"
 // canonical form after validation (see Limits.Validate): defaults filled in,
 // the model set to the operator's, allowed paths and checks as given.
 type RunRequest struct {
-	Instruction     string         `json:"instruction"`
-	Model           string         `json:"model"`
+	Instruction string `json:"instruction"`
+	Model       string `json:"model"`
+	// Files is the uploaded tree; Source a repository the control plane
+	// fetches instead. A request has exactly one of them.
 	Files           []File         `json:"files"`
+	Source          *Source        `json:"source,omitempty"`
 	AllowedPaths    []string       `json:"allowedPaths"`
 	Checks          [][]string     `json:"checks"`
 	MaxSteps        int            `json:"maxSteps"`
 	WallTimeSeconds int            `json:"wallTimeSeconds"`
 	Approval        ApprovalConfig `json:"approval"`
+	// Trigger records the repository event that started the run. Only the
+	// dispatcher sets it; a body of POST /v1/runs cannot.
+	Trigger *Trigger `json:"trigger,omitempty"`
+}
+
+// GitSource returns the request's git source, or nil for an uploaded tree.
+func (r RunRequest) GitSource() *GitSource {
+	if r.Source == nil {
+		return nil
+	}
+	return r.Source.Git
 }
 
 // File is one uploaded source file. Path is POSIX-relative; Content is text.
@@ -63,6 +77,13 @@ type Limits struct {
 	// MaxApprovalTimeoutSeconds bounds what a request may set.
 	DefaultApprovalTimeoutSeconds int
 	MaxApprovalTimeoutSeconds     int
+
+	// RepoMaxFiles and RepoMaxBytes bound a git source: the files of the
+	// fetched commit's tree, their bytes, and the bundle's bytes.
+	RepoMaxFiles int
+	RepoMaxBytes int64
+	// GitURLs says which git source URLs a caller may give.
+	GitURLs GitURLPolicy
 }
 
 // DefaultAllowedChecks is the reference allowlist of checks.
@@ -104,6 +125,8 @@ func DefaultLimits(model string) Limits {
 		DefaultWallTimeSeconds:        180,
 		DefaultApprovalTimeoutSeconds: 120,
 		MaxApprovalTimeoutSeconds:     3600,
+		RepoMaxFiles:                  DefaultRepoMaxFiles,
+		RepoMaxBytes:                  DefaultRepoMaxBytes,
 	}
 }
 

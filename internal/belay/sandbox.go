@@ -29,10 +29,15 @@ type Orchestrator interface {
 // travel as owner-only files or in the claim answer, see DESIGN.md "Sandbox
 // entry" and "Claim exchange").
 type SandboxSpec struct {
-	RunID           string         `json:"runId"`
-	Model           string         `json:"model"`
-	Instruction     string         `json:"instruction"`
-	Files           []File         `json:"files"`
+	RunID       string `json:"runId"`
+	Model       string `json:"model"`
+	Instruction string `json:"instruction"`
+	Files       []File `json:"files"`
+	// Source, instead of Files, is a git source the control plane fetched:
+	// the sandbox downloads its bundle (through the internal API, or the
+	// claim answer's URL) and builds its repository from it, with
+	// Source.Git.Commit as the base commit.
+	Source          *Source        `json:"source,omitempty"`
 	AllowedPaths    []string       `json:"allowedPaths"`
 	Checks          [][]string     `json:"checks"`
 	MaxSteps        int            `json:"maxSteps"`
@@ -106,6 +111,7 @@ func SpecFor(runID string, req RunRequest) SandboxSpec {
 		Model:           req.Model,
 		Instruction:     req.Instruction,
 		Files:           req.Files,
+		Source:          req.Source,
 		AllowedPaths:    req.AllowedPaths,
 		Checks:          req.Checks,
 		MaxSteps:        req.MaxSteps,

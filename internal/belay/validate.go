@@ -85,6 +85,7 @@ func ParseRunRequest(body []byte, lim Limits) (RunRequest, error) {
 
 	req := RunRequest{
 		Files:           w.files,
+		Source:          w.source,
 		AllowedPaths:    w.allowedPaths,
 		Checks:          w.checks,
 		MaxSteps:        lim.DefaultMaxSteps,
@@ -165,15 +166,38 @@ func (l Limits) Validate(req RunRequest) (RunRequest, error) {
 		return RunRequest{}, err
 	}
 
-	files, err := l.checkFiles(req.Files)
-	if err != nil {
-		return RunRequest{}, err
+	if req.Source != nil {
+		if len(req.Files) > 0 {
+			return RunRequest{}, FieldErrorf(CodeInvalid, "source", "is given with files; give either files or a source")
+		}
+		src, err := l.checkSource(*req.Source)
+		if err != nil {
+			return RunRequest{}, err
+		}
+		out.Source = &src
+		// The tree is not fetched yet: the entries' shape is checked here,
+		// and what they name once it is (CheckAllowedPathsInTree).
+		if out.AllowedPaths, err = checkAllowedPaths(req.AllowedPaths, nil); err != nil {
+			return RunRequest{}, err
+		}
+	} else {
+		files, err := l.checkFiles(req.Files)
+		if err != nil {
+			return RunRequest{}, err
+		}
+		out.Files = slices.Clone(req.Files)
+		if out.AllowedPaths, err = checkAllowedPaths(req.AllowedPaths, &files); err != nil {
+			return RunRequest{}, err
+		}
 	}
-	out.Files = slices.Clone(req.Files)
-
-	if out.AllowedPaths, err = checkAllowedPaths(req.AllowedPaths, files); err != nil {
-		return RunRequest{}, err
+	if req.Trigger != nil {
+		if err := CheckTrigger(*req.Trigger); err != nil {
+			return RunRequest{}, err
+		}
+		t := *req.Trigger
+		out.Trigger = &t
 	}
+	var err error
 	if out.Checks, err = l.checkChecks(req.Checks); err != nil {
 		return RunRequest{}, err
 	}
@@ -358,10 +382,60 @@ func (l Limits) checkFiles(files []File) (fileTree, error) {
 	return tree, nil
 }
 
-func checkAllowedPaths(entries []string, tree fileTree) ([]string, error) {
+// checkSource checks a git source as a caller gives it: its URL by the
+// operator's policy, its ref, and a commit when one is set.
+func (l Limits) checkSource(src Source) (Source, error) {
+	g := src.Git
+	if g == nil {
+		return Source{}, FieldErrorf(CodeInvalid, "source", `must hold "git": {"url", "ref"}`)
+	}
+	if err := CheckGitURL(g.URL, l.GitURLs); err != nil {
+		return Source{}, err
+	}
+	if err := CheckGitRef(g.Ref); err != nil {
+		return Source{}, err
+	}
+	if g.Commit != "" && !IsObjectName(g.Commit) {
+		return Source{}, FieldErrorf(CodeInvalid, "source.git.commit", "%s is not a full commit id", quote(g.Commit))
+	}
+	out := *g
+	if g.Tree != nil {
+		t := *g.Tree
+		out.Tree = &t
+	}
+	if g.Bundle != nil {
+		b := *g.Bundle
+		out.Bundle = &b
+	}
+	return Source{Git: &out}, nil
+}
+
+// CheckAllowedPathsInTree checks a git source's allowedPaths against the
+// fetched commit's files (paths, each a clean relative path), as Validate
+// checks them against uploaded files: each entry names a file, or a
+// directory holding one when it ends in "/**". Returns invalid.
+func CheckAllowedPathsInTree(entries, paths []string) error {
+	tree := fileTree{files: make(map[string]int, len(paths)), dirs: make(map[string]int)}
+	for i, p := range paths {
+		tree.files[p] = i
+		for k := range len(p) {
+			if p[k] == '/' {
+				if _, ok := tree.dirs[p[:k]]; !ok {
+					tree.dirs[p[:k]] = i
+				}
+			}
+		}
+	}
+	_, err := checkAllowedPaths(entries, &tree)
+	return err
+}
+
+// checkAllowedPaths checks allowedPaths entries; with a tree, also that
+// each names one of its files or directories.
+func checkAllowedPaths(entries []string, tree *fileTree) ([]string, error) {
 	if len(entries) == 0 {
 		return nil, FieldErrorf(CodeInvalid, "allowedPaths",
-			"is required: list the uploaded files, or directories followed by /**, that the agent may change")
+			"is required: list the files, or directories followed by /**, that the agent may change")
 	}
 	seen := make(map[string]int, len(entries))
 	for i, a := range entries {
@@ -381,6 +455,9 @@ func checkAllowedPaths(entries []string, tree fileTree) ([]string, error) {
 		}
 		if err := CheckPath(dir); err != nil {
 			return nil, FieldErrorf(CodeInvalid, field, "%v", err)
+		}
+		if tree == nil {
+			continue
 		}
 		if subtree {
 			if _, ok := tree.dirs[dir]; !ok {
@@ -573,6 +650,7 @@ type wireRequest struct {
 	maxSteps        *int
 	wallTimeSeconds *int
 	approval        *wireApproval
+	source          *Source
 }
 
 type wireApproval struct {
@@ -582,7 +660,9 @@ type wireApproval struct {
 }
 
 var (
-	requestFields  = []string{"instruction", "model", "files", "allowedPaths", "checks", "maxSteps", "wallTimeSeconds", "approval"}
+	requestFields  = []string{"instruction", "model", "files", "source", "allowedPaths", "checks", "maxSteps", "wallTimeSeconds", "approval"}
+	sourceFields   = []string{"git"}
+	gitFields      = []string{"url", "ref"}
 	fileFields     = []string{"path", "content"}
 	approvalFields = []string{"policy", "allow", "timeoutSeconds"}
 )
@@ -623,6 +703,8 @@ func decodeWire(body []byte) (wireRequest, error) {
 			w.wallTimeSeconds, err = d.readIntPtr(field)
 		case "approval":
 			w.approval, err = d.readApproval(field)
+		case "source":
+			w.source, err = d.readSource(field)
 		default:
 			err = unknownField(field, requestFields)
 		}
@@ -668,6 +750,41 @@ func (d *wireDecoder) readFiles(field string) ([]File, error) {
 		return nil
 	})
 	return files, err
+}
+
+// readSource reads {"git": {"url", "ref"}}: what a caller may say of a git
+// source. The commit and what the fetch found are the control plane's.
+func (d *wireDecoder) readSource(field string) (*Source, error) {
+	var src Source
+	err := d.object(field, func(key, kf string) error {
+		if key != "git" {
+			return unknownField(kf, sourceFields)
+		}
+		var g GitSource
+		hasURL := false
+		err := d.object(kf, func(key, gf string) error {
+			var err error
+			switch key {
+			case "url":
+				g.URL, err = d.readString(gf)
+				hasURL = true
+			case "ref":
+				g.Ref, err = d.readString(gf)
+			default:
+				err = unknownField(gf, gitFields)
+			}
+			return err
+		})
+		if err == nil && !hasURL {
+			err = FieldErrorf(CodeInvalid, kf+".url", "is required")
+		}
+		src.Git = &g
+		return err
+	})
+	if err == nil && src.Git == nil {
+		err = FieldErrorf(CodeInvalid, field, `must hold "git": {"url", "ref"}`)
+	}
+	return &src, err
 }
 
 func (d *wireDecoder) readApproval(field string) (*wireApproval, error) {

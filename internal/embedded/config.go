@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/dispatch"
 	"github.com/belay-dev/belay/internal/localsandbox"
 )
 
@@ -161,6 +162,12 @@ type Config struct {
 	// the offline demo and tests; ModelAPIURL must then be empty, and the
 	// key and model are optional.
 	ScriptedModel string
+	// RepoEvents configures git sources, GitHub's webhooks (with a
+	// triggers file) and the safe outputs.
+	RepoEvents RepoEventsConfig
+	// OnDispatched, when set, is called after each repository event is
+	// dispatched (tests wait on it).
+	OnDispatched func(belay.RepoEvent, dispatch.Outcome, error)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Rand is the entropy of the generated token and signing key; nil
@@ -190,6 +197,7 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		Storage:         storageConfigFromEnv(get),
 		Limits:          limitsConfigFromEnv(get),
 		Provider:        providerConfigFromEnv(get),
+		RepoEvents:      repoEventsConfigFromEnv(get),
 		SandboxEventLimits: belay.SandboxEventLimits{
 			MaxEvents: int(positiveFromEnv(get(EnvSandboxEvents))),
 			MaxBytes:  positiveFromEnv(get(EnvSandboxEventBytes)),

@@ -53,6 +53,7 @@ type Main struct {
 	sandboxBin string
 	launcher   launcherChoice
 	limits     belay.Limits
+	repoEvents *repoEvents
 
 	ready     chan struct{}
 	stop      chan struct{} // closed by Close
@@ -118,7 +119,12 @@ func New(cfg Config) (*Main, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.limits = limits
+	if m.repoEvents, err = prepareRepoEvents(cfg.RepoEvents, limits); err != nil {
+		return nil, err
+	}
+	m.limits = m.repoEvents.limits(limits)
+	// A git source may name a repository served on this machine.
+	m.limits.GitURLs.AllowLoopbackHTTP = true
 	if cfg.Token != "" && len(cfg.Token) < httpapi.MinControlTokenLen {
 		return nil, fmt.Errorf("%s is shorter than %d characters; use a long random value (or unset it to have one generated)", EnvToken, httpapi.MinControlTokenLen)
 	}
@@ -295,7 +301,10 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	// Every writer in this process (handler, orchestrator) goes through the
 	// watched store, so event streams wake on a write instead of a poll.
 	watched := belay.WatchStore(st.store)
-	store, artifacts := belay.Store(watched), st.artifacts
+	// Each run a repository event started gets its safe outputs once it
+	// ends: the store reports every state a run reaches.
+	rt := &repoEventsRuntime{log: m.log}
+	store, artifacts := belay.Store(belay.NotifyStore(watched, rt.onStatus)), st.artifacts
 	signer, err := token.NewSigner(m.signingKey, m.now)
 	if err != nil {
 		return fmt.Errorf("run-token signer: %w", err)
@@ -333,19 +342,31 @@ func (m *Main) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	api, err = httpapi.New(httpapi.Config{
+	runs, hooks, err := m.buildRepoEvents(store, artifacts, orch, m.limits, rt)
+	if err != nil {
+		return err
+	}
+	apiCfg := httpapi.Config{
 		Store:              store,
 		Artifacts:          artifacts,
 		Orchestrator:       orch,
 		Signer:             signer,
 		Limits:             m.limits,
+		Intake:             runs,
 		ControlTokens:      []string{m.token},
 		EventsChanged:      watched.Changed,
 		SandboxEventLimits: m.cfg.SandboxEventLimits,
 		Upstream:           upstream,
 		Logger:             m.log,
 		Now:                m.now,
-	})
+	}
+	if sources, ok := artifacts.(belay.SourceStore); ok {
+		apiCfg.Sources = sources
+	}
+	if hooks != nil {
+		apiCfg.Webhooks = hooks
+	}
+	api, err = httpapi.New(apiCfg)
 	if err != nil {
 		return err
 	}
@@ -363,6 +384,13 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ShutdownTimeout)
 		defer cancel()
 		return orch.Close(ctx)
+	})
+	// Dispatches and publishes in flight finish first: they create and
+	// submit runs and read the stores.
+	cleanups = append(cleanups, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ShutdownTimeout)
+		defer cancel()
+		return rt.close(ctx)
 	})
 	if err := orch.Recover(ctx); err != nil {
 		// A run that cannot be ended now is logged; the others were.

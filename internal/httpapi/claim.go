@@ -98,6 +98,11 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		}
 		outputs[name] = u
 	}
+	source, err := s.sourceTarget(ctx, run, set.Events, ttl)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	spec := belay.SpecForRun(run)
 	spec.Attempt = claim.Attempt
 	s.log.Info("claim exchanged", "request_id", stateOf(r).id, "run_id", run.ID, "attempt", claim.Attempt,
@@ -106,6 +111,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		Spec:    spec,
 		Tokens:  wire.ClaimTokens{Model: set.Model, Events: set.Events, Approvals: set.Approvals},
 		Outputs: outputs,
+		Source:  source,
 	})
 }
 

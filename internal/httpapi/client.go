@@ -343,12 +343,24 @@ func runPath(id string, segments ...string) string {
 type createRunBody struct {
 	Instruction     string        `json:"instruction"`
 	Model           string        `json:"model,omitempty"`
-	Files           []belay.File  `json:"files"`
+	Files           []belay.File  `json:"files,omitempty"`
+	Source          *sourceBody   `json:"source,omitempty"`
 	AllowedPaths    []string      `json:"allowedPaths"`
 	Checks          [][]string    `json:"checks"`
 	MaxSteps        int           `json:"maxSteps,omitempty"`
 	WallTimeSeconds int           `json:"wallTimeSeconds,omitempty"`
 	Approval        *approvalBody `json:"approval,omitempty"`
+}
+
+// sourceBody is what a caller says of a git source: the URL and ref; the
+// server fetches and resolves it.
+type sourceBody struct {
+	Git gitSourceBody `json:"git"`
+}
+
+type gitSourceBody struct {
+	URL string `json:"url"`
+	Ref string `json:"ref,omitempty"`
 }
 
 type approvalBody struct {
@@ -372,6 +384,9 @@ func (c *Client) CreateRun(ctx context.Context, req belay.RunRequest, idempotenc
 		Checks:          req.Checks,
 		MaxSteps:        req.MaxSteps,
 		WallTimeSeconds: req.WallTimeSeconds,
+	}
+	if g := req.GitSource(); g != nil {
+		body.Source = &sourceBody{Git: gitSourceBody{URL: g.URL, Ref: g.Ref}}
 	}
 	if a := req.Approval; a.Policy != "" || len(a.Allow) > 0 || a.TimeoutSeconds != 0 {
 		body.Approval = &approvalBody{Policy: a.Policy, Allow: a.Allow, TimeoutSeconds: a.TimeoutSeconds}

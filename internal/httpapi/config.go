@@ -11,7 +11,9 @@ import (
 // allowed extensions and allowlisted checks (wire.ServerConfig), so a
 // client sends what this server accepts.
 func (s *Server) handleConfig(w http.ResponseWriter, r *http.Request) {
-	s.writeJSON(w, http.StatusOK, wire.ConfigOf(s.limits))
+	cfg := wire.ConfigOf(s.limits)
+	cfg.GitSources = s.intake.TakesGitSources()
+	s.writeJSON(w, http.StatusOK, cfg)
 }
 
 // Config returns what the server accepts in a run (GET /v1/config).

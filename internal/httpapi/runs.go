@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/intake"
 	"github.com/belay-dev/belay/internal/wire"
 )
 
@@ -57,55 +58,15 @@ func (s *Server) handleCreateRun(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	now := s.now()
-	run := belay.Run{
-		ID:          s.newID("run_"),
-		Status:      belay.StatusQueued,
-		Request:     req,
-		RequestHash: belay.RequestHash(req),
-		CreatedAt:   now,
-		UpdatedAt:   now,
-		Usage:       belay.Usage{MaxRequests: req.MaxRequests()},
-	}
-	stateOf(r).runID = run.ID
-	stored, created, err := s.store.CreateRun(r.Context(), run, key)
+	stored, _, err := s.intake.Create(r.Context(), intake.Request{Run: req, IdempotencyKey: key})
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	stateOf(r).runID = stored.ID
-	if created {
-		// The run is stored; finish starting it even if the caller hangs up.
-		ctx := context.WithoutCancel(r.Context())
-		if err := s.orchestrator.Submit(ctx, stored.ID); err != nil {
-			s.log.Error("submit run", "request_id", stateOf(r).id, "run_id", stored.ID, "err", err.Error())
-			s.failUnsubmitted(ctx, r, stored.ID)
-			s.writeError(w, r, belay.Errorf(belay.CodeUnavailable, "could not start the run; try again"))
-			return
-		}
-	}
 	links := wire.LinksFor(stored.ID)
 	w.Header().Set("Location", links.Self)
 	s.writeJSON(w, http.StatusAccepted, wire.CreateRunResponse{RunID: stored.ID, Status: stored.Status, Links: links})
-}
-
-// failUnsubmitted ends a run the orchestrator refused, so it does not sit
-// queued forever with nothing to drive it.
-func (s *Server) failUnsubmitted(ctx context.Context, r *http.Request, id string) {
-	now := s.now()
-	_, err := s.store.Transition(ctx, id, belay.Transition{
-		To:     belay.StatusFailed,
-		At:     now,
-		Reason: "the orchestrator did not accept the run",
-		Events: []belay.EventInput{{
-			Time: now,
-			Type: belay.EventRunFailed,
-			Data: []byte(`{"reason":"the orchestrator did not accept the run"}`),
-		}},
-	})
-	if err != nil && !belay.IsCode(err, belay.CodeConflict) {
-		s.log.Error("fail unsubmitted run", "request_id", stateOf(r).id, "run_id", id, "err", err.Error())
-	}
 }
 
 func isPrintableASCII(s string) bool {

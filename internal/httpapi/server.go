@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/gitsource"
+	"github.com/belay-dev/belay/internal/intake"
 	"github.com/belay-dev/belay/internal/token"
 	"github.com/belay-dev/belay/internal/upstream"
 	"github.com/belay-dev/belay/internal/wire"
@@ -76,8 +78,22 @@ type Config struct {
 	SandboxEventLimits belay.SandboxEventLimits
 	// Presigner, when set, gives a claiming sandbox presigned upload URLs
 	// for its outputs (on AWS, the S3 adapter); nil points it at the
-	// outputs route.
+	// outputs route. When it also presigns downloads (SourcePresigner),
+	// the sandbox of a git-source run downloads its bundle from S3.
 	Presigner OutputPresigner
+	// Git and Sources, together, let runs start from a git source
+	// (POST /v1/runs with source.git, and the dispatcher): the control
+	// plane fetches with Git and keeps the bundle in Sources, which the
+	// sandbox downloads (GET /internal/v1/runs/{id}/source). Without them
+	// a git source is refused.
+	Git     *gitsource.Client
+	Sources belay.SourceStore
+	// Webhooks, when set, serves POST /v1/webhooks/github (no bearer: the
+	// signature is the credential).
+	Webhooks http.Handler
+	// Intake, when set, is the run-creation service to use (shared with
+	// the dispatcher); nil builds one from the fields above.
+	Intake *intake.Service
 }
 
 // Upstream is the operator's model provider, which the model proxy forwards
@@ -127,6 +143,9 @@ type Server struct {
 	changed       func() <-chan struct{}
 	presigner     OutputPresigner
 	sandboxEvents belay.SandboxEventLimits
+	sources       belay.SourceStore
+	intake        *intake.Service
+	webhooks      http.Handler
 
 	entropyMu sync.Mutex
 	entropy   io.Reader
@@ -193,6 +212,8 @@ func New(cfg Config) (*Server, error) {
 		changed:       cfg.EventsChanged,
 		presigner:     cfg.Presigner,
 		sandboxEvents: cfg.SandboxEventLimits,
+		sources:       cfg.Sources,
+		webhooks:      cfg.Webhooks,
 	}
 	def := belay.DefaultSandboxEventLimits()
 	if s.sandboxEvents.MaxEvents <= 0 {
@@ -229,6 +250,18 @@ func New(cfg Config) (*Server, error) {
 		s.upstream.MaxResponseBytes = DefaultMaxUpstreamResponse
 	}
 
+	var err error
+	s.intake = cfg.Intake
+	if s.intake == nil {
+		s.intake, err = intake.New(intake.Config{
+			Store: s.store, Orchestrator: s.orchestrator, Git: cfg.Git, Sources: cfg.Sources, Limits: s.limits,
+			NewID: func() string { return s.newID("run_") }, Now: s.now, Logger: s.log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("httpapi: %w", err)
+		}
+	}
+
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.public = http.NewServeMux()
 	s.internal = http.NewServeMux()
@@ -240,6 +273,7 @@ func New(cfg Config) (*Server, error) {
 		mux.HandleFunc("PUT /internal/v1/runs/{id}/outputs/{name}", s.handlePutOutput)
 		mux.HandleFunc("PUT /internal/v1/runs/{id}/checkpoints/{seq}", s.handlePutCheckpoint)
 		mux.HandleFunc("GET /internal/v1/runs/{id}/checkpoints/latest", s.handleGetLatestCheckpoint)
+		mux.HandleFunc("GET /internal/v1/runs/{id}/source", s.handleGetSource)
 		mux.HandleFunc("POST /internal/v1/claim", s.handleClaim)
 		mux.HandleFunc("/", s.handleNoRoute)
 	}
@@ -253,8 +287,15 @@ func New(cfg Config) (*Server, error) {
 	s.public.HandleFunc("POST /v1/runs/{id}/cancel", s.handleCancel)
 	s.public.HandleFunc("GET /v1/runs/{id}/artifacts", s.handleListArtifacts)
 	s.public.HandleFunc("GET /v1/runs/{id}/artifacts/{name}", s.handleGetArtifact)
+	if s.webhooks != nil {
+		s.public.Handle("POST "+wire.GitHubWebhookPath, s.webhooks)
+	}
 	return s, nil
 }
+
+// Intake returns the run-creation service the handler creates runs with,
+// for the dispatcher to create runs from repository events the same way.
+func (s *Server) Intake() *intake.Service { return s.intake }
 
 // ServeHTTP serves the public and the internal routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -320,7 +361,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, mux *http.ServeMu
 			"path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
 	}()
 
-	if r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/") {
+	// A webhook has no bearer: its signature is checked by its handler.
+	if (r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/")) && !(s.webhooks != nil && r.URL.Path == wire.GitHubWebhookPath) {
 		if !s.controlAuthorized(r) {
 			s.writeError(sw, r, belay.Errorf(belay.CodeUnauthorized, "missing or invalid control-plane token"))
 			return

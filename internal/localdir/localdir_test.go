@@ -153,3 +153,9 @@ func TestSymlinkOutsideRefused(t *testing.T) {
 		t.Fatalf("ListArtifacts of a folder holding only a symlink = %v, %v; want empty", list, err)
 	}
 }
+
+func TestSourceConformance(t *testing.T) {
+	artifacttest.RunSource(t, func(tb testing.TB) belay.SourceStore {
+		return open(tb, filepath.Join(tb.TempDir(), "artifacts"))
+	})
+}

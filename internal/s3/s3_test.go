@@ -323,3 +323,9 @@ func httpPut(tb testing.TB, rawURL string, headers http.Header, body []byte) int
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode
 }
+
+func TestSourceConformance(t *testing.T) {
+	artifacttest.RunSource(t, func(tb testing.TB) belay.SourceStore {
+		return belays3.New(startPeer(tb).client, bucket, "belay/")
+	})
+}

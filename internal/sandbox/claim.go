@@ -118,7 +118,10 @@ func (e *entry) claimMode(ctx context.Context, getenv func(string) string) error
 		return fmt.Errorf("workspace: %w", err)
 	}
 	e.log.Info("claimed the run", "run_id", spec.RunID, "attempt", spec.Attempt)
-	return e.run(ctx, start, session{ws: env.ws, spec: spec, tokens: tokens, api: api, uploads: answer.Outputs})
+	if spec.Source != nil && answer.Source == nil {
+		return errors.New("claim answer: the run has a git source but no download target for it")
+	}
+	return e.run(ctx, start, session{ws: env.ws, spec: spec, tokens: tokens, api: api, uploads: answer.Outputs, source: answer.Source})
 }
 
 // claim sends the code once; a transport failure or a 5xx is retried with

@@ -111,6 +111,9 @@ type session struct {
 	tokens  belay.SandboxTokens
 	api     *http.Client
 	uploads map[string]wire.Upload
+	// source is where the run's git source bundle is downloaded from,
+	// for a run with one.
+	source *wire.Upload
 }
 
 // fileMode reads the spec and the token files the launcher left in ws.
@@ -146,7 +149,12 @@ func (e *entry) fileMode(ctx context.Context, ws Workspace) error {
 		uploads[name] = wire.Upload{URL: wire.OutputPath(spec.RunID, name), Method: http.MethodPut,
 			Header: map[string]string{"Authorization": "Bearer " + tokens.Events}}
 	}
-	return e.run(ctx, start, session{ws: ws, spec: spec, tokens: tokens, api: api, uploads: uploads})
+	var source *wire.Upload
+	if spec.Source != nil {
+		source = &wire.Upload{URL: wire.SourcePath(spec.RunID), Method: http.MethodGet,
+			Header: map[string]string{"Authorization": "Bearer " + tokens.Events}}
+	}
+	return e.run(ctx, start, session{ws: ws, spec: spec, tokens: tokens, api: api, uploads: uploads, source: source})
 }
 
 // specPeer is the peer check a spec asks for, nil when it names none.
@@ -177,11 +185,27 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 	transcript := newTranscriptWriter(&transcriptBuf, belay.MaxArtifactBytes, e.now)
 
 	git := Git{Dir: ws.RepoDir(), Home: ws.HomeDir()}
-	base, err := BuildRepo(ctx, git, spec.Files)
+	var (
+		base *Base
+		err  error
+	)
+	files, baseFiles := len(spec.Files), spec.Files
+	if spec.Source != nil {
+		base, err = e.buildFromSource(ctx, se, git)
+		if t := spec.Source.Git.Tree; t != nil {
+			files = t.Files
+		}
+		if err == nil {
+			// The fetched tree is the base checkpoints are taken against.
+			baseFiles, err = TreeFiles(git.Dir)
+		}
+	} else {
+		base, err = BuildRepo(ctx, git, spec.Files)
+	}
 	if err != nil {
 		return err
 	}
-	log.Info("repository built", "base_commit", base.Commit, "files", len(spec.Files))
+	log.Info("repository built", "base_commit", base.Commit, "files", files)
 	client := se.api
 	// A resumed attempt continues from the run's latest checkpoint: the
 	// workspace as it saved it, on the base, and the conversation.
@@ -230,14 +254,14 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 		return err
 	}
 	defer tools.Close()
-	ready := map[string]any{"baseCommit": base.Commit, "files": len(spec.Files), "attempt": spec.Attempt, "deadline": deadline}
+	ready := map[string]any{"baseCommit": base.Commit, "files": files, "attempt": spec.Attempt, "deadline": deadline}
 	if resume != nil {
 		ready["resumedFromCheckpoint"] = nextSeq - 1
 	}
 	events.Emit(belay.EventSandboxReady, ready)
 	checkpoints := NewCheckpointer(CheckpointerConfig{
 		BaseURL: spec.APIBaseURL, HTTPClient: client, RunID: spec.RunID, Attempt: spec.Attempt, Token: tokens.Events,
-		RepoDir: git.Dir, Base: spec.Files, NextSeq: nextSeq, FlushEvents: events.Flush, Logger: log,
+		RepoDir: git.Dir, Base: baseFiles, NextSeq: nextSeq, FlushEvents: events.Flush, Logger: log,
 	})
 	defer checkpoints.Close()
 

@@ -72,8 +72,10 @@ func checkSpec(s belay.SandboxSpec) error {
 		return errors.New("model is empty")
 	case s.Instruction == "":
 		return errors.New("instruction is empty")
-	case len(s.Files) == 0:
+	case len(s.Files) == 0 && s.Source == nil:
 		return errors.New("files is empty")
+	case len(s.Files) > 0 && s.Source != nil:
+		return errors.New("both files and source are set")
 	case len(s.AllowedPaths) == 0:
 		return errors.New("allowedPaths is empty")
 	case len(s.Checks) == 0:
@@ -94,6 +96,17 @@ func checkSpec(s belay.SandboxSpec) error {
 	for i, f := range s.Files {
 		if err := belay.CheckPath(f.Path); err != nil {
 			return fmt.Errorf("files[%d].path: %w", i, err)
+		}
+	}
+	if src := s.Source; src != nil {
+		g := src.Git
+		switch {
+		case g == nil:
+			return errors.New("source has no git source")
+		case !belay.IsObjectName(g.Commit):
+			return fmt.Errorf("source.git.commit %q is not a full commit id", g.Commit)
+		case g.Bundle == nil || g.Bundle.Size <= 0 || len(g.Bundle.SHA256) != 64:
+			return errors.New("source.git.bundle must give the bundle's size and SHA-256")
 		}
 	}
 	u, err := url.Parse(s.APIBaseURL)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,7 +46,7 @@ func (u *uploader) put(ctx context.Context, name string, content []byte) error {
 	if !ok {
 		return fmt.Errorf("upload %s: the control plane gave no target for it", name)
 	}
-	client, target, err := u.resolve(t)
+	client, target, err := u.resolve(t, http.MethodPut, http.MethodPost)
 	if err != nil {
 		return fmt.Errorf("upload %s: %w", name, err)
 	}
@@ -67,10 +68,11 @@ func (u *uploader) put(ctx context.Context, name string, content []byte) error {
 	}
 }
 
-// resolve picks the client and the URL of a target.
-func (u *uploader) resolve(t wire.Upload) (*http.Client, string, error) {
-	if t.Method != http.MethodPut && t.Method != http.MethodPost {
-		return nil, "", fmt.Errorf("method %q is neither PUT nor POST", t.Method)
+// resolve picks the client and the URL of a target whose method must be
+// one of methods.
+func (u *uploader) resolve(t wire.Upload, methods ...string) (*http.Client, string, error) {
+	if !slices.Contains(methods, t.Method) {
+		return nil, "", fmt.Errorf("method %q is not one of %v", t.Method, methods)
 	}
 	ref, err := url.Parse(t.URL)
 	if err != nil || ref.Fragment != "" || ref.User != nil {

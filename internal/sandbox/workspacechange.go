@@ -205,3 +205,51 @@ func baseContents(files []belay.File) map[string]string {
 	}
 	return m
 }
+
+// TreeFiles reads the regular files of the repository at dir as a
+// workspace change's walk sees them (no .git, no bytecode, no symbolic
+// link followed): the base of a run whose tree was fetched from git, read
+// right after the repository was built, so its checkpoints carry only what
+// the agent changed. The fetch bounded the tree (the repository limits).
+func TreeFiles(dir string) ([]belay.File, error) {
+	fsys, err := openRepoFS(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer fsys.Close()
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	var files []belay.File
+	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case p == ".":
+			return nil
+		case d.IsDir():
+			if changeSkipDir(d.Name()) {
+				return fs.SkipDir
+			}
+			return nil
+		case changeSkipFile(d.Name()) || !d.Type().IsRegular():
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		content, _, err := fsys.readFile(p, int(fi.Size()))
+		if err != nil {
+			return err
+		}
+		files = append(files, belay.File{Path: p, Content: string(content)})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the base tree: %w", err)
+	}
+	return files, nil
+}

@@ -115,12 +115,23 @@ ALTER TABLE runs ADD COLUMN sandbox_event_bytes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN checkpoint TEXT;
 ALTER TABLE runs ADD COLUMN lost_attempts TEXT;
 `,
+	// 5: webhook deliveries, so a redelivery is answered as the first was.
+	`
+CREATE TABLE deliveries (
+	provider    TEXT NOT NULL,
+	id          TEXT NOT NULL,
+	run_id      TEXT NOT NULL DEFAULT '',
+	ignored     TEXT NOT NULL DEFAULT '',
+	received_at INTEGER NOT NULL,
+	PRIMARY KEY (provider, id)
+) STRICT, WITHOUT ROWID;
+`,
 }
 
 // SchemaVersion is the schema version this code writes: the number of
 // migrations. Open refuses a database with a newer one, written by a newer
 // belay, rather than misread it.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // migrate brings the database to SchemaVersion in one write transaction,
 // so a crash mid-migration leaves the old schema. It returns the version

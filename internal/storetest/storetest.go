@@ -42,6 +42,7 @@ func Run(t *testing.T, open func(tb testing.TB, opts Options) belay.Store) {
 	t.Run("sandbox_events", func(t *testing.T) { testSandboxEvents(t, open) })
 	t.Run("checkpoints", func(t *testing.T) { testCheckpoints(t, open) })
 	t.Run("model_calls", func(t *testing.T) { testModelCalls(t, open) })
+	t.Run("deliveries", func(t *testing.T) { testDeliveries(t, open) })
 }
 
 // BenchmarkConsume measures ConsumeModelRequest on one capability with a

@@ -23,6 +23,9 @@ type ServerConfig struct {
 	// AllowedChecks are the argv arrays a run's check must equal.
 	AllowedChecks [][]string `json:"allowedChecks"`
 	Limits        RunLimits  `json:"limits"`
+	// GitSources says whether the server fetches a run's tree from a git
+	// repository (source.git) instead of uploaded files.
+	GitSources bool `json:"gitSources"`
 }
 
 // RunLimits are the numeric bounds of a run request (DESIGN.md "Reference
@@ -40,6 +43,12 @@ type RunLimits struct {
 	DefaultWallTimeSeconds        int `json:"defaultWallTimeSeconds"`
 	DefaultApprovalTimeoutSeconds int `json:"defaultApprovalTimeoutSeconds"`
 	MaxApprovalTimeoutSeconds     int `json:"maxApprovalTimeoutSeconds"`
+	// RepoMaxFiles and RepoMaxBytes bound a git source's fetched commit;
+	// GitLoopbackHTTP says whether a git URL may be plain http to a
+	// loopback host.
+	RepoMaxFiles    int   `json:"repoMaxFiles"`
+	RepoMaxBytes    int64 `json:"repoMaxBytes"`
+	GitLoopbackHTTP bool  `json:"gitLoopbackHttp,omitempty"`
 }
 
 // ConfigOf is the public view of the operator's limits.
@@ -66,6 +75,9 @@ func ConfigOf(l belay.Limits) ServerConfig {
 			DefaultWallTimeSeconds:        l.DefaultWallTimeSeconds,
 			DefaultApprovalTimeoutSeconds: l.DefaultApprovalTimeoutSeconds,
 			MaxApprovalTimeoutSeconds:     l.MaxApprovalTimeoutSeconds,
+			RepoMaxFiles:                  l.RepoMaxFiles,
+			RepoMaxBytes:                  l.RepoMaxBytes,
+			GitLoopbackHTTP:               l.GitURLs.AllowLoopbackHTTP,
 		},
 	}
 }
@@ -91,5 +103,8 @@ func (c ServerConfig) RunLimits() belay.Limits {
 		DefaultWallTimeSeconds:        c.Limits.DefaultWallTimeSeconds,
 		DefaultApprovalTimeoutSeconds: c.Limits.DefaultApprovalTimeoutSeconds,
 		MaxApprovalTimeoutSeconds:     c.Limits.MaxApprovalTimeoutSeconds,
+		RepoMaxFiles:                  c.Limits.RepoMaxFiles,
+		RepoMaxBytes:                  c.Limits.RepoMaxBytes,
+		GitURLs:                       belay.GitURLPolicy{AllowLoopbackHTTP: c.Limits.GitLoopbackHTTP},
 	}
 }

@@ -100,7 +100,9 @@ type RunView struct {
 	// Checkpoint is the latest checkpoint its sandbox saved, if any.
 	Checkpoint *belay.CheckpointRef `json:"checkpoint,omitempty"`
 	Request    RunRequestSummary    `json:"request"`
-	Links      RunLinks             `json:"links"`
+	// Trigger is the repository event that started the run, if one did.
+	Trigger *belay.Trigger `json:"trigger,omitempty"`
+	Links   RunLinks       `json:"links"`
 }
 
 // AttemptView is one attempt of a run: one sandbox. Lost says how its
@@ -129,7 +131,10 @@ func AttemptsOf(r belay.Run) []AttemptView {
 // RunRequestSummary is what a run was asked to do, without file contents:
 // the uploaded paths, the allowed paths, the requested checks and limits.
 type RunRequestSummary struct {
-	Files           []string             `json:"files"`
+	Files []string `json:"files"`
+	// Source is the git source the run's tree was fetched from: URL, ref,
+	// the commit fetched and the tree's size.
+	Source          *belay.Source        `json:"source,omitempty"`
 	AllowedPaths    []string             `json:"allowedPaths"`
 	Checks          [][]string           `json:"checks"`
 	MaxSteps        int                  `json:"maxSteps"`
@@ -162,8 +167,10 @@ func ViewOf(r belay.Run) RunView {
 		Attempt:         r.Attempt,
 		Attempts:        AttemptsOf(r),
 		Checkpoint:      r.Checkpoint,
+		Trigger:         r.Request.Trigger,
 		Request: RunRequestSummary{
 			Files:           files,
+			Source:          r.Request.Source,
 			AllowedPaths:    NonNil(r.Request.AllowedPaths),
 			Checks:          NonNil(r.Request.Checks),
 			MaxSteps:        r.Request.MaxSteps,
@@ -233,6 +240,19 @@ const (
 	TerminalHeader = "Belay-Run-Terminal"
 )
 
+// GitHubWebhookPath is the route of GitHub's webhooks. It takes no bearer
+// token: the X-Hub-Signature-256 header is the credential.
+const GitHubWebhookPath = "/v1/webhooks/github"
+
+// WebhookResponse answers a webhook delivery (202): the run it started
+// (or started before, for a redelivery), or why it started none. A ping
+// answers 200 with Pong.
+type WebhookResponse struct {
+	RunID   string `json:"runId,omitempty"`
+	Ignored string `json:"ignored,omitempty"`
+	Pong    bool   `json:"pong,omitempty"`
+}
+
 // Internal API (sandbox ↔ control plane).
 
 // EventBatch is the body of POST /internal/v1/runs/{id}/events. BatchID is
@@ -284,6 +304,10 @@ type ClaimResponse struct {
 	Spec    belay.SandboxSpec `json:"spec"`
 	Tokens  ClaimTokens       `json:"tokens"`
 	Outputs map[string]Upload `json:"outputs"`
+	// Source, for a run from a git source, is where the sandbox downloads
+	// the bundle it builds its repository from: a GET (a presigned S3 URL
+	// on AWS, the source route with the events token locally).
+	Source *Upload `json:"source,omitempty"`
 }
 
 // ClaimTokens are the tokens of a claim answer. Its String, Format and
@@ -327,6 +351,12 @@ func (u Upload) Format(f fmt.State, _ rune) {
 
 // LogValue is Format's text in slog output.
 func (u Upload) LogValue() slog.Value { return slog.StringValue(fmt.Sprint(u)) }
+
+// SourcePath is the route a sandbox downloads its run's git source bundle
+// from, relative to the API's base URL: GET it with the run's events token.
+func SourcePath(runID string) string {
+	return "internal/v1/runs/" + url.PathEscape(runID) + "/source"
+}
 
 // OutputPath is the outputs route of one output of a run, relative to the
 // API's base URL: PUT it with the run's events token.

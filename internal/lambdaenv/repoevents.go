@@ -1,0 +1,165 @@
+package lambdaenv
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awseb "github.com/aws/aws-sdk-go-v2/service/eventbridge"
+
+	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/eventbridge"
+	"github.com/belay-dev/belay/internal/github"
+	"github.com/belay-dev/belay/internal/gitsource"
+	"github.com/belay-dev/belay/internal/secrets"
+	"github.com/belay-dev/belay/internal/triggers"
+)
+
+// The variables of the repository-event functions (webhook, dispatcher,
+// publisher), and of every function that changes a run's state when the
+// stack has a bus (run status events).
+const (
+	// EnvEventBus names belay's EventBridge bus (name or ARN): the webhook
+	// puts repository events there; with it set, the functions that move
+	// runs put a run status event there on every state.
+	EnvEventBus = "BELAY_EVENT_BUS"
+	// EnvTriggers is the triggers file's JSON (the stack sets it from its
+	// configuration).
+	EnvTriggers = "BELAY_TRIGGERS"
+	// EnvWebhookSecretARN (or EnvWebhookSecret) is GitHub's webhook secret.
+	EnvWebhookSecretARN = "BELAY_GITHUB_WEBHOOK_SECRET_ARN"
+	EnvWebhookSecret    = "BELAY_GITHUB_WEBHOOK_SECRET"
+	// EnvGitCredentialsSecretARN (or EnvGitCredentials) holds the git
+	// credentials, git's credential-store format; optional.
+	EnvGitCredentialsSecretARN = "BELAY_GIT_CREDENTIALS_SECRET_ARN"
+	EnvGitCredentials          = "BELAY_GIT_CREDENTIALS"
+	// EnvGitHubTokenSecretARN (or EnvGitHubToken) authorizes the
+	// publisher's REST calls; optional (the git credential's token for
+	// the repository otherwise). EnvGitHubAPIURL is the REST API.
+	EnvGitHubTokenSecretARN = "BELAY_GITHUB_TOKEN_SECRET_ARN"
+	EnvGitHubToken          = "BELAY_GITHUB_TOKEN"
+	EnvGitHubAPIURL         = "BELAY_GITHUB_API_URL"
+	// EnvRepoMaxFiles and EnvRepoMaxBytes are the repository limits.
+	EnvRepoMaxFiles = "BELAY_REPO_MAX_FILES"
+	EnvRepoMaxBytes = "BELAY_REPO_MAX_BYTES"
+	// EnvEventBridgeEndpoint points the EventBridge client at a local
+	// peer (tests).
+	EnvEventBridgeEndpoint = "BELAY_EVENTBRIDGE_ENDPOINT"
+)
+
+// EventBus returns belay's bus (EnvEventBus, required).
+func (e *Env) EventBus(ctx context.Context) (*eventbridge.Bus, error) {
+	name, err := e.Require(EnvEventBus, "name belay's EventBridge bus")
+	if err != nil {
+		return nil, err
+	}
+	c, err := client(ctx, e, EnvEventBridgeEndpoint, func(o aws.Config) *awseb.Client { return awseb.NewFromConfig(o) })
+	if err != nil {
+		return nil, err
+	}
+	return eventbridge.New(c, name), nil
+}
+
+// NotifyingStore wraps store so that every run state it writes is put on
+// the bus as a run status event, when EnvEventBus is set; otherwise it
+// returns store as it is.
+func (e *Env) NotifyingStore(ctx context.Context, store belay.Store, log *slog.Logger) (belay.Store, error) {
+	if e.Get(EnvEventBus) == "" {
+		return store, nil
+	}
+	bus, err := e.EventBus(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return belay.NotifyStore(store, bus.StatusNotifier(func(runID string, err error) {
+		log.Error("put the run status event", "run_id", runID, "err", err.Error())
+	})), nil
+}
+
+// RepoLimits returns the run limits (EnvModel) with the repository limits
+// (EnvRepoMaxFiles, EnvRepoMaxBytes).
+func (e *Env) RepoLimits() (belay.Limits, error) {
+	lim, err := e.Limits()
+	if err != nil {
+		return belay.Limits{}, err
+	}
+	if lim.RepoMaxFiles, err = e.Count(EnvRepoMaxFiles, belay.DefaultRepoMaxFiles); err != nil {
+		return belay.Limits{}, err
+	}
+	maxBytes, err := e.Count(EnvRepoMaxBytes, belay.DefaultRepoMaxBytes)
+	if err != nil {
+		return belay.Limits{}, err
+	}
+	lim.RepoMaxBytes = int64(maxBytes)
+	return lim, nil
+}
+
+// Triggers parses EnvTriggers (required) against lim.
+func (e *Env) Triggers(lim belay.Limits) (*triggers.Config, error) {
+	v, err := e.Require(EnvTriggers, "give the triggers file's JSON")
+	if err != nil {
+		return nil, err
+	}
+	lim.GitURLs = triggers.OperatorGitURLs
+	c, err := triggers.Parse(strings.NewReader(v), lim)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", EnvTriggers, err)
+	}
+	return c, nil
+}
+
+// WebhookSecret returns GitHub's webhook secret, cached (required).
+func (e *Env) WebhookSecret(ctx context.Context) (func(context.Context) (string, error), error) {
+	src, err := e.secretSource(ctx, EnvWebhookSecret, EnvWebhookSecretARN, "GitHub's webhook secret")
+	if err != nil {
+		return nil, err
+	}
+	return secrets.NewCache(src, 0, nil).Get, nil
+}
+
+// GitCredentials returns the git credentials (optional: none when neither
+// variable is set), read once.
+func (e *Env) GitCredentials(ctx context.Context) (*gitsource.Credentials, error) {
+	if e.Get(EnvGitCredentials) == "" && e.Get(EnvGitCredentialsSecretARN) == "" {
+		return &gitsource.Credentials{}, nil
+	}
+	v, err := e.fetch(ctx, EnvGitCredentials, EnvGitCredentialsSecretARN, "the git credentials")
+	if err != nil {
+		return nil, err
+	}
+	c, err := gitsource.ParseCredentials(strings.NewReader(v))
+	if err != nil {
+		return nil, fmt.Errorf("the git credentials (%s or %s): %w", EnvGitCredentials, EnvGitCredentialsSecretARN, err)
+	}
+	return c, nil
+}
+
+// GitHub returns the REST client of the safe outputs: EnvGitHubAPIURL,
+// with EnvGitHubToken (or its secret) or else the git credential for the
+// repository's URL on the API's host.
+func (e *Env) GitHub(ctx context.Context, creds *gitsource.Credentials) (*github.Client, error) {
+	api := e.Get(EnvGitHubAPIURL)
+	var tok *secrets.Cache
+	if e.Get(EnvGitHubToken) != "" || e.Get(EnvGitHubTokenSecretARN) != "" {
+		src, err := e.secretSource(ctx, EnvGitHubToken, EnvGitHubTokenSecretARN, "the GitHub token")
+		if err != nil {
+			return nil, err
+		}
+		tok = secrets.NewCache(src, 0, nil)
+	}
+	host := "github.com"
+	if u, err := url.Parse(api); err == nil && api != "" && u.Host != "api.github.com" {
+		host = u.Host
+	}
+	return github.NewClient(api, nil, func(repository string) (string, bool) {
+		if tok != nil {
+			t, err := tok.Get(context.Background())
+			return t, err == nil && t != ""
+		}
+		_, t, ok := creds.For("https://" + host + "/" + repository + ".git")
+		return t, ok
+	})
+}
