@@ -155,6 +155,7 @@ type Store interface {
 	CheckpointStore
 	ModelCallStore
 	DeliveryStore
+	SessionStore
 }
 
 // ArtifactInfo names one stored artifact and its size in bytes.

@@ -21,6 +21,10 @@ type RunRequest struct {
 	// Trigger records the repository event that started the run. Only the
 	// dispatcher sets it; a body of POST /v1/runs cannot.
 	Trigger *Trigger `json:"trigger,omitempty"`
+	// Turn makes the run a turn of a session: the conversation so far and
+	// the session's skills. Only the session service sets it; a body of
+	// POST /v1/runs cannot.
+	Turn *TurnContext `json:"turn,omitempty"`
 }
 
 // GitSource returns the request's git source, or nil for an uploaded tree.

@@ -43,6 +43,9 @@ type SandboxSpec struct {
 	MaxSteps        int            `json:"maxSteps"`
 	WallTimeSeconds int            `json:"wallTimeSeconds"`
 	Approval        ApprovalConfig `json:"approval"`
+	// Turn, for a session's turn, is the conversation of the earlier turns
+	// and the session's skills, which the agent starts with.
+	Turn *TurnContext `json:"turn,omitempty"`
 	// APIBaseURL is where the internal routes are, for example
 	// "http://belay" when APISocket is set (a Unix socket in the
 	// workspace) or the private API's URL on AWS.
@@ -117,6 +120,7 @@ func SpecFor(runID string, req RunRequest) SandboxSpec {
 		MaxSteps:        req.MaxSteps,
 		WallTimeSeconds: req.WallTimeSeconds,
 		Approval:        req.Approval,
+		Turn:            req.Turn,
 	}
 }
 

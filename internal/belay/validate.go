@@ -197,6 +197,15 @@ func (l Limits) Validate(req RunRequest) (RunRequest, error) {
 		t := *req.Trigger
 		out.Trigger = &t
 	}
+	if req.Turn != nil {
+		if err := CheckTurnContext(*req.Turn); err != nil {
+			return RunRequest{}, err
+		}
+		t := *req.Turn
+		t.Conversation = slices.Clone(t.Conversation)
+		t.Skills = slices.Clone(t.Skills)
+		out.Turn = &t
+	}
 	var err error
 	if out.Checks, err = l.checkChecks(req.Checks); err != nil {
 		return RunRequest{}, err

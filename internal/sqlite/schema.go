@@ -126,12 +126,22 @@ CREATE TABLE deliveries (
 	PRIMARY KEY (provider, id)
 ) STRICT, WITHOUT ROWID;
 `,
+	// 6: sessions: each one JSON document (its request, turns, usage and
+	// head), rewritten whole by each change in one transaction.
+	`
+CREATE TABLE sessions (
+	id         TEXT PRIMARY KEY,
+	doc        TEXT NOT NULL,
+	version    INTEGER NOT NULL,
+	created_at INTEGER NOT NULL
+) STRICT;
+`,
 }
 
 // SchemaVersion is the schema version this code writes: the number of
 // migrations. Open refuses a database with a newer one, written by a newer
 // belay, rather than misread it.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // migrate brings the database to SchemaVersion in one write transaction,
 // so a crash mid-migration leaves the old schema. It returns the version

@@ -43,6 +43,7 @@ func Run(t *testing.T, open func(tb testing.TB, opts Options) belay.Store) {
 	t.Run("checkpoints", func(t *testing.T) { testCheckpoints(t, open) })
 	t.Run("model_calls", func(t *testing.T) { testModelCalls(t, open) })
 	t.Run("deliveries", func(t *testing.T) { testDeliveries(t, open) })
+	t.Run("sessions", func(t *testing.T) { testSessions(t, open) })
 }
 
 // BenchmarkConsume measures ConsumeModelRequest on one capability with a
