@@ -82,6 +82,14 @@ type Config struct {
 	Transcript io.Writer
 	Logger     *slog.Logger
 
+	// Conversation, for a session's turn, is the earlier turns'
+	// conversation (compacted by the control plane): it goes between the
+	// system prompt and Instruction. Skills are the session's skills:
+	// their names and descriptions go into the system prompt, and the
+	// model reads a body with the read_skill tool (ReadSkillTool).
+	Conversation []belay.ConversationMessage
+	Skills       []belay.Skill
+
 	// Resume, when set, is a checkpoint's state to continue from (see
 	// State): the loop restores the conversation, its steps and usage,
 	// answers the tool call that was running with an Interrupted result
@@ -260,6 +268,10 @@ func newLoop(cfg Config) *loop {
 	} else {
 		defs = append(defs, finishDef)
 	}
+	if len(cfg.Skills) > 0 {
+		defs = slices.DeleteFunc(defs, func(d ToolDef) bool { return d.Name == ReadSkillTool })
+		defs = append(defs, readSkillDef)
+	}
 	for _, d := range defs {
 		l.tools = append(l.tools, toolParam(d))
 	}
@@ -271,9 +283,14 @@ func newLoop(cfg Config) *loop {
 		l.resumed = l.resume(*cfg.Resume, reason)
 		return l
 	}
-	system := systemPrompt(defs, cfg.MaxSteps)
-	l.conv = []Message{{Role: "system", Content: system}, {Role: "user", Content: cfg.Instruction}}
+	system := systemPrompt(defs, cfg.MaxSteps) + skillsPrompt(cfg.Skills)
+	l.conv = []Message{{Role: "system", Content: system}}
 	l.tr.write(line{Role: "system", Content: system})
+	for _, m := range cfg.Conversation {
+		l.conv = append(l.conv, Message{Role: m.Role, Content: m.Content})
+		l.tr.write(line{Role: m.Role, Content: l.redact(m.Content)})
+	}
+	l.conv = append(l.conv, Message{Role: "user", Content: cfg.Instruction})
 	l.tr.write(line{Role: "user", Content: cfg.Instruction})
 	return l
 }
@@ -433,6 +450,8 @@ func (l *loop) toolCall(ctx context.Context, step int, tc openai.ChatCompletionM
 		l.out.Summary = capSummary(l.redact(summary))
 		result = "finished"
 		finished = true
+	case name == ReadSkillTool && len(l.cfg.Skills) > 0:
+		result, isError = readSkill(l.cfg.Skills, rawArgs)
 	default:
 		// The call is saved as pending before it runs: if the sandbox
 		// is lost while it runs, the next one answers it as interrupted

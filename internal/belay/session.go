@@ -2,6 +2,7 @@ package belay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -423,4 +424,35 @@ type SessionStore interface {
 	// CloseSession closes the session; closing a closed one changes
 	// nothing. Returns not_found if it does not exist.
 	CloseSession(ctx context.Context, id string, at time.Time) (Session, error)
+}
+
+// SessionEvent is one event of a session's stream: an event of one of its
+// turns' runs, with the session-wide sequence number Seq (SessionSeq), the
+// turn, its run and the run's own sequence number.
+type SessionEvent struct {
+	Seq    int64           `json:"seq"`
+	Turn   int             `json:"turn"`
+	RunID  string          `json:"runId"`
+	RunSeq int64           `json:"runSeq"`
+	Time   time.Time       `json:"time"`
+	Type   string          `json:"type"`
+	Source string          `json:"source"`
+	Data   json.RawMessage `json:"data,omitempty"`
+}
+
+// sessionSeqTurn is the factor of the turn in a session-wide sequence
+// number: a run's log never reaches a billion events (its buffer and its
+// sandbox's caps are far below), so turn*sessionSeqTurn+seq is unique and
+// ordered, and readable: 2000000015 is event 15 of turn 2.
+const sessionSeqTurn = 1_000_000_000
+
+// SessionSeq is the session-wide sequence number of event seq of turn.
+func SessionSeq(turn int, seq int64) int64 { return int64(turn)*sessionSeqTurn + seq }
+
+// SplitSessionSeq is SessionSeq's inverse: 0 is before the first turn.
+func SplitSessionSeq(n int64) (turn int, seq int64) {
+	if n <= 0 {
+		return 0, 0
+	}
+	return int(n / sessionSeqTurn), n % sessionSeqTurn
 }

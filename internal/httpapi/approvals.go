@@ -113,30 +113,37 @@ func (s *Server) handleDecideApproval(w http.ResponseWriter, r *http.Request) {
 			"must be valid UTF-8 of at most %d bytes", wire.MaxDecisionReasonLen))
 		return
 	}
-	ctx := context.WithoutCancel(r.Context())
-	// An expired ask is denied first, so a late decision is a conflict
-	// rather than silently overriding what the sandbox already saw.
-	a, err := s.currentApproval(ctx, id, aid)
+	decided, err := s.decideApproval(context.WithoutCancel(r.Context()), stateOf(r).id, id, aid, req.Decision, req.Reason)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
-	}
-	if a.Status != belay.ApprovalPending {
-		s.writeError(w, r, belay.Errorf(belay.CodeConflict, "approval %s is already decided (%s)", aid, a.Decision))
-		return
-	}
-	decided, err := s.store.DecideApproval(ctx, id, aid, req.Decision, req.Reason, decidedByUser, s.now())
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	if req.Decision == belay.DecisionCancel {
-		if _, err := s.cancelRun(ctx, r, id); err != nil && !belay.IsCode(err, belay.CodeConflict) {
-			s.writeError(w, r, err)
-			return
-		}
 	}
 	s.writeJSON(w, http.StatusOK, decided)
+}
+
+// decideApproval records a person's decision of a pending approval (and
+// runs the cancel sequence for "cancel"). Returns not_found; conflict if
+// it is already decided (an expired ask is denied first, so a late
+// decision is a conflict rather than silently overriding what the sandbox
+// already saw) or the run is terminal.
+func (s *Server) decideApproval(ctx context.Context, requestID, id, aid string, d belay.Decision, reason string) (belay.Approval, error) {
+	a, err := s.currentApproval(ctx, id, aid)
+	if err != nil {
+		return belay.Approval{}, err
+	}
+	if a.Status != belay.ApprovalPending {
+		return belay.Approval{}, belay.Errorf(belay.CodeConflict, "approval %s is already decided (%s)", aid, a.Decision)
+	}
+	decided, err := s.store.DecideApproval(ctx, id, aid, d, reason, decidedByUser, s.now())
+	if err != nil {
+		return belay.Approval{}, err
+	}
+	if d == belay.DecisionCancel {
+		if _, err := s.cancelRunID(ctx, requestID, id); err != nil && !belay.IsCode(err, belay.CodeConflict) {
+			return belay.Approval{}, err
+		}
+	}
+	return decided, nil
 }
 
 // sandboxRunID returns an internal route's {id} run once its bearer token

@@ -164,6 +164,12 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 // cancelRun is the cancel sequence, shared with an approval decided
 // "cancel". Returns conflict for a terminal run.
 func (s *Server) cancelRun(ctx context.Context, r *http.Request, id string) (belay.Run, error) {
+	return s.cancelRunID(ctx, stateOf(r).id, id)
+}
+
+// cancelRunID is cancelRun for a caller that is not an HTTP request (a
+// session's stop, a WebSocket message); requestID names it in the log.
+func (s *Server) cancelRunID(ctx context.Context, requestID, id string) (belay.Run, error) {
 	run, err := s.store.RequestCancel(ctx, id, s.now())
 	if err != nil {
 		return belay.Run{}, err
@@ -172,7 +178,7 @@ func (s *Server) cancelRun(ctx context.Context, r *http.Request, id string) (bel
 		return belay.Run{}, err
 	}
 	if err := s.orchestrator.Cancel(ctx, id); err != nil {
-		s.log.Error("orchestrator cancel", "request_id", stateOf(r).id, "run_id", id, "err", err.Error())
+		s.log.Error("orchestrator cancel", "request_id", requestID, "run_id", id, "err", err.Error())
 		return belay.Run{}, belay.Errorf(belay.CodeUnavailable,
 			"cancellation is recorded and model calls are stopped, but the sandbox could not be stopped yet; retry the cancel")
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/intake"
+	"github.com/belay-dev/belay/internal/session"
 	"github.com/belay-dev/belay/internal/token"
 	"github.com/belay-dev/belay/internal/upstream"
 	"github.com/belay-dev/belay/internal/wire"
@@ -145,6 +146,7 @@ type Server struct {
 	sandboxEvents belay.SandboxEventLimits
 	sources       belay.SourceStore
 	intake        *intake.Service
+	sessions      *session.Service
 	webhooks      http.Handler
 
 	entropyMu sync.Mutex
@@ -262,6 +264,10 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 
+	if s.sessions, err = s.newSessions(); err != nil {
+		return nil, fmt.Errorf("httpapi: %w", err)
+	}
+
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.public = http.NewServeMux()
 	s.internal = http.NewServeMux()
@@ -287,6 +293,14 @@ func New(cfg Config) (*Server, error) {
 	s.public.HandleFunc("POST /v1/runs/{id}/cancel", s.handleCancel)
 	s.public.HandleFunc("GET /v1/runs/{id}/artifacts", s.handleListArtifacts)
 	s.public.HandleFunc("GET /v1/runs/{id}/artifacts/{name}", s.handleGetArtifact)
+	s.public.HandleFunc("POST /v1/sessions", s.handleCreateSession)
+	s.public.HandleFunc("GET /v1/sessions/{id}", s.handleGetSession)
+	s.public.HandleFunc("DELETE /v1/sessions/{id}", s.handleCloseSession)
+	s.public.HandleFunc("POST /v1/sessions/{id}/messages", s.handleSendMessage)
+	s.public.HandleFunc("POST /v1/sessions/{id}/stop", s.handleStopSession)
+	s.public.HandleFunc("GET /v1/sessions/{id}/events", s.handleSessionEvents)
+	s.public.HandleFunc("GET /v1/sessions/{id}/patch", s.handleSessionPatch)
+	s.public.HandleFunc("GET /v1/sessions/{id}/ws", s.handleSessionWebSocket)
 	if s.webhooks != nil {
 		s.public.Handle("POST "+wire.GitHubWebhookPath, s.webhooks)
 	}

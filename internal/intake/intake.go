@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
@@ -83,6 +84,20 @@ type Request struct {
 	// the operator's triggers file may name file:// mirrors, a caller of
 	// the API may not.
 	GitURLs *belay.GitURLPolicy
+	// Prepared, when set, is the git source the control plane built itself
+	// for this run (a session's turn continues from the commit the earlier
+	// turns left): Run's git source is then not fetched; the run gets
+	// Prepared.Git (its Commit, Tree and Bundle set) and the bundle
+	// Prepared.Open reads.
+	Prepared *PreparedSource
+}
+
+// PreparedSource is a git source that needs no fetch: its resolved
+// description, the paths of its commit's tree, and its bundle.
+type PreparedSource struct {
+	Git   belay.GitSource
+	Paths []string
+	Open  func() (io.ReadCloser, error)
 }
 
 // Create validates, fetches and stores the run, and submits it. It returns
@@ -115,7 +130,23 @@ func (s *Service) Create(ctx context.Context, r Request) (belay.Run, bool, error
 	log := s.log.With("run_id", id)
 
 	var fetched *gitsource.Fetched
-	if g := req.GitSource(); g != nil {
+	var openBundle func() (io.ReadCloser, error)
+	var wantBundle belay.SourceBundle
+	if p := r.Prepared; p != nil && req.GitSource() != nil {
+		if s.cfg.Sources == nil {
+			return belay.Run{}, false, belay.FieldErrorf(belay.CodeInvalid, "source",
+				"this control plane does not keep git sources; upload files instead")
+		}
+		if p.Git.Tree == nil || p.Git.Bundle == nil || !belay.IsObjectName(p.Git.Commit) || p.Open == nil {
+			return belay.Run{}, false, errors.New("intake: a prepared source needs its commit, tree, bundle and opener")
+		}
+		if err := belay.CheckAllowedPathsInTree(req.AllowedPaths, p.Paths); err != nil {
+			return belay.Run{}, false, fmt.Errorf("in commit %s: %w", p.Git.Commit, err)
+		}
+		resolved := p.Git
+		req.Source = &belay.Source{Git: &resolved}
+		openBundle, wantBundle = p.Open, *p.Git.Bundle
+	} else if g := req.GitSource(); g != nil {
 		if s.cfg.Git == nil {
 			return belay.Run{}, false, belay.FieldErrorf(belay.CodeInvalid, "source",
 				"this control plane does not fetch git sources; upload files instead")
@@ -135,6 +166,7 @@ func (s *Service) Create(ctx context.Context, r Request) (belay.Run, bool, error
 		}
 		tree, bundle := fetched.Tree, fetched.Bundle
 		resolved.Tree, resolved.Bundle = &tree, &bundle
+		openBundle, wantBundle = fetched.OpenBundle, fetched.Bundle
 		req.Source = &belay.Source{Git: &resolved}
 		if req.Trigger != nil && req.Trigger.Commit == "" {
 			t := *req.Trigger
@@ -162,8 +194,8 @@ func (s *Service) Create(ctx context.Context, r Request) (belay.Run, bool, error
 	}
 	// The run is stored: finish starting it even if the caller hangs up.
 	ctx = context.WithoutCancel(ctx)
-	if fetched != nil {
-		if err := s.storeBundle(ctx, id, fetched); err != nil {
+	if openBundle != nil {
+		if err := s.storeBundle(ctx, id, openBundle, wantBundle); err != nil {
 			log.Error("store source bundle", "err", err.Error())
 			s.fail(ctx, log, id, "the source could not be stored for the sandbox")
 			return belay.Run{}, false, belay.Errorf(belay.CodeUnavailable, "could not store the fetched source; try again")
@@ -182,8 +214,8 @@ func (s *Service) Create(ctx context.Context, r Request) (belay.Run, bool, error
 
 // storeBundle copies the fetched bundle into the source store and checks
 // it arrived whole.
-func (s *Service) storeBundle(ctx context.Context, runID string, f *gitsource.Fetched) error {
-	rc, err := f.OpenBundle()
+func (s *Service) storeBundle(ctx context.Context, runID string, open func() (io.ReadCloser, error), want belay.SourceBundle) error {
+	rc, err := open()
 	if err != nil {
 		return err
 	}
@@ -192,8 +224,8 @@ func (s *Service) storeBundle(ctx context.Context, runID string, f *gitsource.Fe
 	if err != nil {
 		return err
 	}
-	if got != f.Bundle {
-		return fmt.Errorf("the stored bundle (%d bytes, %s) is not the fetched one (%d bytes, %s)", got.Size, got.SHA256, f.Bundle.Size, f.Bundle.SHA256)
+	if got != want {
+		return fmt.Errorf("the stored bundle (%d bytes, %s) is not the fetched one (%d bytes, %s)", got.Size, got.SHA256, want.Size, want.SHA256)
 	}
 	return nil
 }

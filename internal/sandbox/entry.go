@@ -287,10 +287,14 @@ func (e *entry) run(ctx context.Context, start time.Time, se session) error {
 		Model:       spec.Model,
 		Instruction: spec.Instruction,
 		MaxSteps:    spec.MaxSteps,
-		Tools:       tools,
-		Events:      events,
-		Transcript:  transcript,
-		Logger:      log,
+		// A session's turn starts with the earlier turns' conversation
+		// and the session's skills.
+		Conversation: turnConversation(spec.Turn),
+		Skills:       turnSkills(spec.Turn),
+		Tools:        tools,
+		Events:       events,
+		Transcript:   transcript,
+		Logger:       log,
 
 		Resume:            resume,
 		InterruptedReason: interruptedReason(spec.Lost, spec.Attempt),
@@ -604,4 +608,18 @@ func (e *entry) restore(ctx context.Context, log *slog.Logger, se session, git G
 	log.Info("resumed from a checkpoint", "attempt", spec.Attempt, "seq", cp.Seq, "step", cp.Step,
 		"pending", pending, "files", len(cp.Workspace.Files))
 	return &st, cp.Seq + 1, nil
+}
+
+func turnConversation(t *belay.TurnContext) []belay.ConversationMessage {
+	if t == nil {
+		return nil
+	}
+	return t.Conversation
+}
+
+func turnSkills(t *belay.TurnContext) []belay.Skill {
+	if t == nil {
+		return nil
+	}
+	return t.Skills
 }

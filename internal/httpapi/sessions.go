@@ -1,0 +1,320 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/session"
+	"github.com/belay-dev/belay/internal/wire"
+)
+
+// maxMessageBody bounds the body of POST /v1/sessions/{id}/messages: a
+// text of the instruction limit, as JSON-escaped as it can be.
+const maxMessageBody = 256 << 10
+
+// sessionID returns the {id} path value, or not_found for one that cannot
+// be a session id.
+func sessionID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if !strings.HasPrefix(id, "ses_") || len(id) > maxRunIDLen || !isIDText(id) {
+		return "", belay.Errorf(belay.CodeNotFound, "session not found")
+	}
+	return id, nil
+}
+
+// Sessions returns the session service the handler runs sessions with, for
+// the WebSocket functions on AWS to serve the same messages.
+func (s *Server) Sessions() *session.Service { return s.sessions }
+
+func (s *Server) newSessions() (*session.Service, error) {
+	return session.New(session.Config{
+		Store: s.store, Artifacts: s.artifacts, Sources: s.sources, Intake: s.intake,
+		Cancel: func(ctx context.Context, runID string) error {
+			_, err := s.cancelRunID(ctx, "", runID)
+			return err
+		},
+		NewID: s.newID, Now: s.now, Logger: s.log,
+	})
+}
+
+func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) {
+	lim := s.limits
+	// The body is a run request's, plus the skills.
+	lim.MaxBodyBytes += belay.MaxSkillsBytes * 2
+	body, err := readBody(w, r, int64(lim.MaxBodyBytes))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	req, err := belay.ParseSessionRequest(body, lim)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, err := s.sessions.Create(r.Context(), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	links := wire.SessionLinksFor(sess.ID)
+	w.Header().Set("Location", links.Self)
+	s.writeJSON(w, http.StatusCreated, wire.CreateSessionResponse{SessionID: sess.ID, Status: sess.Status, Links: links})
+}
+
+func (s *Server) handleGetSession(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, err := s.sessions.Get(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, wire.SessionViewOf(sess))
+}
+
+func (s *Server) handleSendMessage(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	body, err := readBody(w, r, maxMessageBody)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var req wire.MessageRequest
+	if err := decodeStrict(body, &req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	turn, err := s.sessions.Send(r.Context(), id, req.Text)
+	if err != nil {
+		s.writeError(w, r, textField(err))
+		return
+	}
+	stateOf(r).runID = turn.RunID
+	s.writeJSON(w, http.StatusAccepted, wire.MessageResponse{Turn: turn.Turn, RunID: turn.RunID})
+}
+
+// textField names a message's text where the run request's validation
+// named the instruction.
+func textField(err error) error {
+	if e, ok := err.(*belay.Error); ok && e.Field == "instruction" {
+		e2 := *e
+		e2.Field = "text"
+		return &e2
+	}
+	return err
+}
+
+func (s *Server) handleStopSession(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, err := s.sessions.Stop(context.WithoutCancel(r.Context()), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusAccepted, wire.SessionViewOf(sess))
+}
+
+func (s *Server) handleCloseSession(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, err := s.sessions.Close(context.WithoutCancel(r.Context()), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, wire.SessionViewOf(sess))
+}
+
+func (s *Server) handleSessionPatch(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	patch, err := s.sessions.Patch(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/x-diff; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(patch)
+}
+
+// handleSessionEvents serves the session's stream across its turns as
+// NDJSON, or SSE with Accept: text/event-stream or ?stream=1 (resumable
+// with Last-Event-ID). Sequence numbers are session-wide
+// (belay.SessionSeq).
+func (s *Server) handleSessionEvents(w http.ResponseWriter, r *http.Request) {
+	id, err := sessionID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	after, err := intParam(q.Get("after"), "after", 0, 0, math.MaxInt64)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if wantsStream(r) {
+		if v := r.Header.Get("Last-Event-ID"); v != "" {
+			if after, err = intParam(strings.TrimSpace(v), "Last-Event-ID", 0, 0, math.MaxInt64); err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+		}
+		s.streamSession(w, r, id, after)
+		return
+	}
+	limit, err := intParam(q.Get("limit"), "limit", DefaultEventsLimit, 1, MaxEventsLimit)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, err := s.sessions.Get(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	page, err := s.sessions.Events(r.Context(), sess, after, int(limit))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/x-ndjson")
+	h.Set(wire.TerminalHeader, strconv.FormatBool(page.Ended))
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriter(w)
+	enc := json.NewEncoder(bw)
+	if page.Missed {
+		_ = enc.Encode(wire.EventsMissedLine{Type: wire.EventsMissedType, Data: wire.EventsMissed{OldestSeq: page.OldestSeq}})
+	}
+	for _, e := range page.Events {
+		if err := enc.Encode(e); err != nil {
+			return
+		}
+	}
+	_ = bw.Flush()
+}
+
+// followSession sends the session's events after `after` to emit, in
+// order, waiting for more with wait, until the session is closed and its
+// last event sent (nil), wait says stop (nil), or emit or the store fails.
+func (s *Server) followSession(ctx context.Context, id string, after int64,
+	emit func(belay.SessionEvent) error, missed func(oldest int64) error, wait func(changed <-chan struct{}) bool,
+) error {
+	for {
+		changed := s.eventsChanged()
+		sess, err := s.sessions.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		page, err := s.sessions.Events(ctx, sess, after, ssePageSize)
+		if err != nil {
+			return err
+		}
+		if page.Missed && missed != nil {
+			if err := missed(page.OldestSeq); err != nil {
+				return err
+			}
+			after = max(after, page.OldestSeq-1)
+		}
+		for _, e := range page.Events {
+			if err := emit(e); err != nil {
+				return err
+			}
+			after = e.Seq
+		}
+		if page.Ended {
+			return nil
+		}
+		if len(page.Events) < ssePageSize && !wait(changed) {
+			return nil
+		}
+	}
+}
+
+// streamSession is handleSessionEvents as SSE.
+func (s *Server) streamSession(w http.ResponseWriter, r *http.Request, id string, after int64) {
+	ctx := r.Context()
+	// The first read happens before any header, so an unknown session is a
+	// normal JSON 404.
+	sess, err := s.sessions.Get(ctx, id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if page, err := s.sessions.Events(ctx, sess, after, 1); err != nil {
+		s.writeError(w, r, err)
+		return
+	} else if page.Ended && len(page.Events) == 0 {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{})
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriter(w)
+	flush := func() bool { return bw.Flush() == nil && rc.Flush() == nil }
+	if !flush() {
+		return
+	}
+	heartbeat := time.NewTimer(s.heartbeat)
+	defer heartbeat.Stop()
+	poll := time.NewTicker(s.pollEvery)
+	defer poll.Stop()
+	errGone := context.Canceled
+	err = s.followSession(ctx, id, after,
+		func(e belay.SessionEvent) error {
+			data, err := json.Marshal(e)
+			if err != nil {
+				return err
+			}
+			writeSSE(bw, strconv.FormatInt(e.Seq, 10), e.Type, data)
+			if !flush() {
+				return errGone
+			}
+			heartbeat.Reset(s.heartbeat)
+			return nil
+		},
+		func(oldest int64) error {
+			data, _ := json.Marshal(wire.EventsMissed{OldestSeq: oldest})
+			writeSSE(bw, "", wire.EventsMissedType, data)
+			if !flush() {
+				return errGone
+			}
+			return nil
+		},
+		func(changed <-chan struct{}) bool { return s.waitForPoll(ctx, bw, flush, heartbeat, poll, changed) },
+	)
+	if err != nil && err != errGone && ctx.Err() == nil {
+		s.streamError(bw, r, id, err)
+		flush()
+	}
+}
