@@ -87,7 +87,8 @@ type Turn struct {
 	Usage        Usage    `json:"usage"`
 }
 
-// SessionHead is the workspace after the last turn that changed it: that
+// SessionHead is the workspace after the last turn that changed it (its
+// run ended with a validated patch, whatever its checks said): that
 // turn and its run, and every file the session changed so far (against the
 // session's base: the uploaded tree or the fetched commit).
 type SessionHead struct {
@@ -283,7 +284,7 @@ func (s Session) FinishTurn(e TurnEnd) (out Session, changed bool, err error) {
 	out.Usage.MaxRequests += e.Usage.MaxRequests
 	out.Usage.PromptTokens += e.Usage.PromptTokens
 	out.Usage.CompletionTokens += e.Usage.CompletionTokens
-	if e.Status == StatusCompleted && len(e.ChangedFiles) > 0 {
+	if len(e.ChangedFiles) > 0 {
 		head := SessionHead{Turn: t.Turn, RunID: t.RunID}
 		if s.Head != nil {
 			head.ChangedFiles = slices.Clone(s.Head.ChangedFiles)
@@ -336,11 +337,10 @@ func CompactConversation(turns []Turn) []ConversationMessage {
 			}
 			answer += ")"
 		}
-		switch {
-		case t.Status == StatusCompleted && len(t.ChangedFiles) > 0:
-			answer += "\n[changed: " + strings.Join(t.ChangedFiles, ", ") + "]"
-		case t.Status != StatusCompleted:
-			answer += "\n[this turn's changes, if any, were not kept]"
+		if len(t.ChangedFiles) > 0 {
+			answer += "\n[turn " + fmt.Sprint(t.Turn) + " " + string(t.Status) + "; changed: " + strings.Join(t.ChangedFiles, ", ") + "]"
+		} else if t.Status != StatusCompleted {
+			answer += "\n[turn " + fmt.Sprint(t.Turn) + " " + string(t.Status) + "; it changed nothing]"
 		}
 		pairs = append(pairs, pair{t.Text, answer})
 	}

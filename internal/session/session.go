@@ -8,7 +8,10 @@
 // The workspace is rebuilt in memory for each turn (internal/gitsource):
 // the session's base (the uploaded tree, or the commit the first turn
 // fetched) with each completed turn's validated patch committed on top, in
-// order. A turn whose run did not complete leaves the workspace as it was.
+// order. A turn's change is kept when its run ended with a validated
+// patch (also when its checks failed: the person sees the change and says
+// what next); a turn cancelled or lost before that leaves the workspace as
+// it was.
 // The next turn of an uploaded tree gets the head's files; the next turn of
 // a git source gets a bundle whose commit is the head, so its sandbox's
 // base is the head and its patch only its own change. The session's patch
@@ -133,9 +136,6 @@ func (s *Service) Refresh(ctx context.Context, sess belay.Session) (belay.Sessio
 		ChangedFiles: run.ChangedFiles, Usage: run.Usage}
 	if end.At.IsZero() {
 		end.At = run.UpdatedAt
-	}
-	if run.Status != belay.StatusCompleted {
-		end.ChangedFiles = nil
 	}
 	if raw, err := s.cfg.Artifacts.GetArtifact(ctx, run.ID, "result.json"); err == nil {
 		var res struct {
@@ -314,7 +314,7 @@ func (s *Service) workspace(ctx context.Context, sess belay.Session) (*workspace
 	}
 	ws.head = ws.base
 	for _, t := range sess.Turns {
-		if t.Status != belay.StatusCompleted || t.Turn < ws.from {
+		if !t.Status.Terminal() || t.Turn < ws.from {
 			continue
 		}
 		patch, err := s.cfg.Artifacts.GetArtifact(ctx, t.RunID, "patch.diff")

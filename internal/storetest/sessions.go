@@ -79,10 +79,10 @@ func testSessions(t *testing.T, open opener) {
 		if _, err := s.StartTurn(ctx, sess.ID, belay.Turn{Turn: 2, RunID: "run_t2", Text: "more", CreatedAt: at(4)}); err != nil {
 			t.Fatalf("StartTurn(2): %v", err)
 		}
-		got, err = s.FinishTurn(ctx, sess.ID, belay.TurnEnd{Turn: 2, Status: belay.StatusFailed, At: at(5), Reason: "checks failed",
-			ChangedFiles: []string{"other.py"}, Usage: belay.Usage{ModelRequests: 2, MaxRequests: 6}})
+		got, err = s.FinishTurn(ctx, sess.ID, belay.TurnEnd{Turn: 2, Status: belay.StatusCancelled, At: at(5), Reason: "cancelled by the user",
+			Usage: belay.Usage{ModelRequests: 2, MaxRequests: 6}})
 		if err != nil || got.Usage.ModelRequests != 5 || got.Usage.MaxRequests != 12 || got.Head.RunID != "run_t1" {
-			t.Fatalf("FinishTurn(2, failed) = %+v, %v; want usage summed and the head still turn 1", got, err)
+			t.Fatalf("FinishTurn(2, cancelled, no change) = %+v, %v; want usage summed and the head still turn 1", got, err)
 		}
 
 		if _, err := s.StartTurn(ctx, sess.ID, belay.Turn{Turn: 3, RunID: "run_t3", Text: "last", CreatedAt: at(6)}); err != nil {
@@ -104,7 +104,7 @@ func testSessions(t *testing.T, open opener) {
 			t.Fatalf("CloseSession again = %+v, %v; want closed at 7, unchanged", got.ClosedAt, err)
 		}
 		got, err = s.GetSession(ctx, sess.ID)
-		if err != nil || len(got.Turns) != 3 || got.Turns[1].Reason != "checks failed" || got.Turns[2].Text != "last" {
+		if err != nil || len(got.Turns) != 3 || got.Turns[1].Reason != "cancelled by the user" || got.Turns[2].Text != "last" {
 			t.Fatalf("GetSession at the end = %+v, %v; want three turns as recorded", got, err)
 		}
 		_, err = s.CloseSession(ctx, "ses_missing", at(1))
