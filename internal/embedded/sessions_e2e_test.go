@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/embedded"
+	"github.com/belay-dev/belay/internal/embedded/embeddedtest"
+	"github.com/belay-dev/belay/internal/gitsource/gittest"
 	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
 	"github.com/belay-dev/belay/internal/wire"
@@ -375,4 +378,108 @@ func mapsEqual(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestSessionFromGit holds a session with a git source to its contract: the
+// control plane fetches the repository from a real git server on loopback
+// (git http-backend) once, for the first turn, with its own credentials;
+// the next turn starts from a commit of the first turn's change on top of
+// the fetched one (its sandbox's base), so its patch is only its own; and
+// the session's patch is the sum of both.
+func TestSessionFromGit(t *testing.T) {
+	t.Parallel()
+	const gitToken = "ghs_session_CANARY_git_token"
+	srv := gittest.Start(t, "x-access-token", gitToken)
+	files := map[string]string{}
+	for _, f := range treeFiles(t, calcDir(t)) {
+		files[f.Path] = f.Content
+	}
+	repo := srv.NewRepo(t, "octo-org/calc", files, true)
+	head := strings.TrimSpace(gittest.Git(t, repo.Dir, "rev-parse", "HEAD"))
+
+	script := sessionScript(t,
+		[]scriptedmodel.ToolCall{
+			toolCallOf(t, "edit_file", map[string]string{"path": "calc.py", "old": "return a - b", "new": "return a + b"}),
+			toolCallOf(t, "finish", map[string]string{"summary": "Fixed add."}),
+		},
+		[]scriptedmodel.ToolCall{
+			toolCallOf(t, "edit_file", map[string]string{"path": "calc.py", "old": "    return a + b\n",
+				"new": "    return a + b\n\n\ndef sub(a, b):\n    \"\"\"Return a minus b.\"\"\"\n    return a - b\n"}),
+			toolCallOf(t, "finish", map[string]string{"summary": "Added sub."}),
+		},
+	)
+	p := newProvider(t, script, 0)
+	logs := &embeddedtest.Logs{}
+	pl := startWith(t, p, logs, "", func(cfg *embedded.Config) {
+		cfg.RepoEvents.GitCredentials = strings.Replace(srv.URL, "http://", "http://x-access-token:"+gitToken+"@", 1)
+	})
+	ctx := context.Background()
+	body := calcSession(t, nil)
+	body.Source = httpapi.GitSourceOf(repo.URL, "main")
+	body.AllowedPaths = []string{"calc.py"}
+	created, err := pl.c.CreateSession(ctx, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SessionID
+	if _, err := pl.c.SendMessage(ctx, id, "Fix add."); err != nil {
+		t.Fatal(err)
+	}
+	waitTurn(t, pl.c, id, 1)
+	fetches := len(srv.Requests())
+	if fetches == 0 {
+		t.Fatal("the git server got no request: the first turn's source was not fetched from it")
+	}
+	for _, r := range srv.Requests() {
+		if !r.Authorized || r.User != "x-access-token" {
+			t.Errorf("git request %+v did not carry the control plane's credentials", r)
+		}
+	}
+	if _, err := pl.c.SendMessage(ctx, id, "Add sub."); err != nil {
+		t.Fatal(err)
+	}
+	v := waitTurn(t, pl.c, id, 2)
+	if n := len(srv.Requests()); n != fetches {
+		t.Errorf("the second turn made %d more requests to the git server; it continues from the first turn's bundle", n-fetches)
+	}
+
+	runs := make([]wire.RunView, 2)
+	for i, turn := range v.Turns {
+		if turn.Status != belay.StatusCompleted {
+			t.Fatalf("turn %d ended %s (%s)", i+1, turn.Status, turn.Reason)
+		}
+		if runs[i], err = pl.c.GetRun(ctx, turn.RunID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit := func(r wire.RunView) string {
+		if s := r.Request.Source; s != nil && s.Git != nil {
+			return s.Git.Commit
+		}
+		return ""
+	}
+	if commit(runs[0]) != head {
+		t.Errorf("turn 1 ran on %q; want the fetched commit %s", commit(runs[0]), head)
+	}
+	if c := commit(runs[1]); c == head || !belay.IsObjectName(c) {
+		t.Errorf("turn 2 ran on %q; want a commit of turn 1's change on %s", c, head)
+	}
+	patch2, err := pl.c.GetArtifact(ctx, v.Turns[1].RunID, "patch.diff")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(patch2); !strings.Contains(s, "+def sub(a, b):") || strings.Contains(s, "-    return a - b") {
+		t.Errorf("turn 2's patch does not start from turn 1's change:\n%s", s)
+	}
+	sessionPatch, err := pl.c.SessionPatch(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := applyPatches(t, treeFiles(t, calcDir(t)), sessionPatch)
+	if !strings.Contains(got["calc.py"], "    return a + b\n") || !strings.Contains(got["calc.py"], "def sub(a, b):") {
+		t.Errorf("the session's patch does not hold both turns:\n%s", sessionPatch)
+	}
+	if strings.Contains(logs.String(), gitToken) {
+		t.Error("the git token shows up in the logs")
+	}
 }
