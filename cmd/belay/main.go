@@ -23,6 +23,9 @@ var version = "dev"
 // env is what a subcommand may use of the process: its output streams and
 // its environment. Tests pass their own.
 type env struct {
+	// stdin is read by interactive commands (belay session chat); nil
+	// reads nothing.
+	stdin          io.Reader
 	stdout, stderr io.Writer
 	lookup         func(string) (string, bool)
 }
@@ -44,12 +47,13 @@ var commands = []command{
 	{"approve", "ID APPROVAL DECISION [--reason R]", "answer an approval: allow_once, allow_session, deny or cancel", cmdApprove},
 	{"cancel", "ID", "cancel a run", cmdCancel},
 	{"artifacts", "ID [NAME]", "list a run's artifacts, or print one", cmdArtifacts},
+	{"session", "new DIR ... | chat ID | show ID | patch ID | close ID", "multi-turn sessions with the agent over one workspace", cmdSession},
 	{"version", "", "print belay's version", cmdVersion},
 }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, lookup: os.LookupEnv})
+	code := run(ctx, os.Args[1:], &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, lookup: os.LookupEnv})
 	stop()
 	os.Exit(code)
 }
