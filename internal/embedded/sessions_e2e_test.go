@@ -483,3 +483,70 @@ func TestSessionFromGit(t *testing.T) {
 		t.Error("the git token shows up in the logs")
 	}
 }
+
+// TestSessionTurnResumes: a turn whose sandbox is killed mid-command
+// resumes on a new sandbox (checkpoints), completes with the earlier
+// turn's conversation still in its requests, and the session goes on: the
+// next turn starts from the workspace the resumed turn left.
+func TestSessionTurnResumes(t *testing.T) {
+	t.Parallel()
+	script := scriptedmodel.Script{Name: "session resume", Steps: []scriptedmodel.Step{
+		{ToolCalls: []scriptedmodel.ToolCall{
+			toolCallOf(t, "edit_file", map[string]string{"path": "calc.py", "old": "return a - b", "new": "return a + b"}),
+			toolCallOf(t, "finish", map[string]string{"summary": "Fixed add."}),
+		}},
+		{ToolCalls: []scriptedmodel.ToolCall{
+			toolCallOf(t, "edit_file", map[string]string{"path": "calc.py", "old": "    return a + b\n",
+				"new": "    return a + b\n\n\ndef sub(a, b):\n    \"\"\"Return a minus b.\"\"\"\n    return a - b\n"}),
+			toolCallOf(t, "shell", map[string]string{"command": "sleep 300"}),
+		}},
+		// After the resume (turn 2's second request), and turn 3's first.
+		{ToolCalls: []scriptedmodel.ToolCall{toolCallOf(t, "finish", map[string]string{"summary": "Added sub; the sleep was interrupted."})}},
+	}}
+	p := newProvider(t, script, 0)
+	pl := startWith(t, p, nil, "")
+	ctx := context.Background()
+	created, err := pl.c.CreateSession(ctx, calcSession(t, &belay.ApprovalConfig{Policy: belay.PolicyAllowAll}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.SessionID
+	if _, err := pl.c.SendMessage(ctx, id, "Fix add."); err != nil {
+		t.Fatal(err)
+	}
+	waitTurn(t, pl.c, id, 1)
+	m, err := pl.c.SendMessage(ctx, id, "Add sub, then wait a while.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitView(t, pl, m.RunID, "a checkpoint with the shell call pending", func(r wire.RunView) bool {
+		return r.Checkpoint != nil && r.Checkpoint.Pending == "shell"
+	})
+	killSandbox(t, pl, m.RunID)
+	v := waitTurn(t, pl.c, id, 2)
+	run, err := pl.c.GetRun(ctx, m.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Turns[1].Status != belay.StatusCompleted || run.Attempt != 2 || v.Status != belay.SessionIdle {
+		t.Fatalf("turn 2 ended %s on attempt %d (%q), session %s; want completed after one resume, idle",
+			v.Turns[1].Status, run.Attempt, v.Turns[1].Reason, v.Status)
+	}
+	reqs := p.model.Requests()
+	if len(reqs) != 3 || !strings.Contains(messagesText(reqs[2]), "Fix add.") || !strings.Contains(messagesText(reqs[2]), `"interrupted":true`) {
+		t.Fatalf("the resumed turn's request does not carry turn 1's conversation and the interrupted call: %d requests", len(reqs))
+	}
+
+	// The session goes on from the resumed turn's change.
+	if _, err := pl.c.SendMessage(ctx, id, "Anything else?"); err != nil {
+		t.Fatal(err)
+	}
+	v = waitTurn(t, pl.c, id, 3)
+	if v.Turns[2].Status != belay.StatusCompleted {
+		t.Fatalf("turn 3 ended %s (%s)", v.Turns[2].Status, v.Turns[2].Reason)
+	}
+	patch, err := pl.c.SessionPatch(ctx, id)
+	if err != nil || !strings.Contains(string(patch), "+def sub(a, b):") || !strings.Contains(string(patch), "+    return a + b") {
+		t.Errorf("the session's patch lacks the resumed turn's change (%v):\n%s", err, patch)
+	}
+}
