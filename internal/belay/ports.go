@@ -156,6 +156,7 @@ type Store interface {
 	ModelCallStore
 	DeliveryStore
 	SessionStore
+	ConnectionStore
 }
 
 // ArtifactInfo names one stored artifact and its size in bytes.

@@ -147,9 +147,9 @@ func (s *Store) changeSession(ctx context.Context, op, id string, change func(be
 		upd := &types.Update{
 			TableName:                s.table,
 			Key:                      keyOf(sessionPK(id), skMeta),
-			UpdateExpression:         aws.String("SET #doc = :doc, #v = :next, #U = :u, #ttl = :ttl"),
+			UpdateExpression:         aws.String("SET #doc = :doc, #v = :next, #updatedAt = :u, #ttl = :ttl"),
 			ConditionExpression:      aws.String("#v = :cur"),
-			ExpressionAttributeNames: exprNames("#doc #v #U #ttl"),
+			ExpressionAttributeNames: exprNames("#doc #v #updatedAt #ttl"),
 			ExpressionAttributeValues: map[string]types.AttributeValue{
 				":doc": meta["doc"], ":next": avN(next.Version), ":cur": avN(cur.Version),
 				":u": avTime(next.UpdatedAt), ":ttl": meta[attrTTL],

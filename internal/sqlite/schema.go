@@ -135,6 +135,14 @@ CREATE TABLE sessions (
 	version    INTEGER NOT NULL,
 	created_at INTEGER NOT NULL
 ) STRICT;
+
+CREATE TABLE session_connections (
+	id           TEXT PRIMARY KEY,
+	session_id   TEXT NOT NULL,
+	connected_at INTEGER NOT NULL,
+	sent         INTEGER NOT NULL
+) STRICT;
+CREATE INDEX session_connections_session ON session_connections (session_id);
 `,
 }
 

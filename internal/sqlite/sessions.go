@@ -153,3 +153,78 @@ func encodeSession(sess belay.Session) (string, error) {
 	}
 	return string(b), nil
 }
+
+// PutConnection stores c, replacing a connection with its id.
+func (s *Store) PutConnection(ctx context.Context, c belay.Connection) error {
+	if err := belay.CheckConnection(c); err != nil {
+		return err
+	}
+	err := s.update(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO session_connections (id, session_id, connected_at, sent) VALUES (?, ?, ?, ?)
+			ON CONFLICT (id) DO UPDATE SET session_id = excluded.session_id, connected_at = excluded.connected_at, sent = excluded.sent`,
+			c.ID, c.SessionID, c.ConnectedAt.UnixNano(), c.Sent)
+		return err
+	})
+	return wrap("put connection "+c.ID, err)
+}
+
+// GetConnection returns one connection. Returns not_found.
+func (s *Store) GetConnection(ctx context.Context, id string) (belay.Connection, error) {
+	c := belay.Connection{ID: id}
+	var at int64
+	err := s.reader.QueryRowContext(ctx, "SELECT session_id, connected_at, sent FROM session_connections WHERE id = ?", id).
+		Scan(&c.SessionID, &at, &c.Sent)
+	if errors.Is(err, sql.ErrNoRows) {
+		return belay.Connection{}, belay.Errorf(belay.CodeNotFound, "connection %s not found", id)
+	}
+	if err != nil {
+		return belay.Connection{}, wrap("get connection "+id, err)
+	}
+	c.ConnectedAt = time.Unix(0, at).UTC()
+	return c, nil
+}
+
+// DeleteConnection removes the connection; a missing one is fine.
+func (s *Store) DeleteConnection(ctx context.Context, id string) error {
+	err := s.update(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, "DELETE FROM session_connections WHERE id = ?", id)
+		return err
+	})
+	return wrap("delete connection "+id, err)
+}
+
+// SessionConnections returns the session's connections, oldest first.
+func (s *Store) SessionConnections(ctx context.Context, sessionID string) ([]belay.Connection, error) {
+	rows, err := s.reader.QueryContext(ctx, "SELECT id, connected_at, sent FROM session_connections WHERE session_id = ? ORDER BY connected_at, id", sessionID)
+	if err != nil {
+		return nil, wrap("list connections of "+sessionID, err)
+	}
+	defer rows.Close()
+	out := []belay.Connection{}
+	for rows.Next() {
+		c := belay.Connection{SessionID: sessionID}
+		var at int64
+		if err := rows.Scan(&c.ID, &at, &c.Sent); err != nil {
+			return nil, wrap("list connections of "+sessionID, err)
+		}
+		c.ConnectedAt = time.Unix(0, at).UTC()
+		out = append(out, c)
+	}
+	return out, wrap("list connections of "+sessionID, rows.Err())
+}
+
+// AdvanceConnection moves sent from `from` to `to` in one conditional
+// update.
+func (s *Store) AdvanceConnection(ctx context.Context, id string, from, to int64) (bool, error) {
+	var moved bool
+	err := s.update(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, "UPDATE session_connections SET sent = ? WHERE id = ? AND sent = ?", to, id, from)
+		if err != nil {
+			return err
+		}
+		n, _ := res.RowsAffected()
+		moved = n == 1
+		return nil
+	})
+	return moved, wrap("advance connection "+id, err)
+}

@@ -159,3 +159,79 @@ func testSessions(t *testing.T, open opener) {
 		}
 	})
 }
+
+// testConnections holds the connection store to its contract: a
+// connection round trips and is listed with its session, advancing is
+// conditional on what was sent (of concurrent pushers one wins), and
+// deleting is idempotent.
+func testConnections(t *testing.T, open opener) {
+	s := open(t, Options{})
+	ctx := t.Context()
+	c := belay.Connection{ID: "L0SM9cOFvHcCIhw=", SessionID: "ses_conn", ConnectedAt: at(1), Sent: 5}
+	if err := s.PutConnection(ctx, c); err != nil {
+		t.Fatalf("PutConnection: %v", err)
+	}
+	other := belay.Connection{ID: "other=", SessionID: "ses_other", ConnectedAt: at(2)}
+	if err := s.PutConnection(ctx, other); err != nil {
+		t.Fatalf("PutConnection(other): %v", err)
+	}
+	wantCode(t, s.PutConnection(ctx, belay.Connection{ID: "a#b", SessionID: "ses_conn", ConnectedAt: at(1)}), belay.CodeInvalid, "PutConnection(bad id)")
+	got, err := s.GetConnection(ctx, c.ID)
+	if err != nil || got != c {
+		t.Fatalf("GetConnection = %+v, %v; want %+v", got, err, c)
+	}
+	_, err = s.GetConnection(ctx, "missing")
+	wantCode(t, err, belay.CodeNotFound, "GetConnection(missing)")
+	list, err := s.SessionConnections(ctx, "ses_conn")
+	if err != nil || len(list) != 1 || list[0] != c {
+		t.Fatalf("SessionConnections = %+v, %v; want only %+v", list, err, c)
+	}
+	if list, err := s.SessionConnections(ctx, "ses_none"); err != nil || list == nil || len(list) != 0 {
+		t.Fatalf("SessionConnections(none) = %#v, %v; want empty", list, err)
+	}
+
+	if moved, err := s.AdvanceConnection(ctx, c.ID, 4, 9); err != nil || moved {
+		t.Fatalf("AdvanceConnection(from a stale 4) = %v, %v; want false", moved, err)
+	}
+	const n = 6
+	var wg sync.WaitGroup
+	wins := make([]bool, n)
+	for i := range n {
+		wg.Go(func() {
+			moved, err := s.AdvanceConnection(ctx, c.ID, 5, int64(10+i))
+			if err != nil {
+				t.Errorf("AdvanceConnection: %v", err)
+			}
+			wins[i] = moved
+		})
+	}
+	wg.Wait()
+	won := -1
+	for i, w := range wins {
+		if w {
+			if won >= 0 {
+				t.Fatalf("AdvanceConnection from 5 succeeded twice (%d and %d)", won, i)
+			}
+			won = i
+		}
+	}
+	if got, _ := s.GetConnection(ctx, c.ID); won < 0 || got.Sent != int64(10+won) {
+		t.Fatalf("after the race sent = %d (winner %d)", got.Sent, won)
+	}
+
+	if err := s.DeleteConnection(ctx, c.ID); err != nil {
+		t.Fatalf("DeleteConnection: %v", err)
+	}
+	if err := s.DeleteConnection(ctx, c.ID); err != nil {
+		t.Fatalf("DeleteConnection again: %v", err)
+	}
+	if _, err := s.GetConnection(ctx, c.ID); !belay.IsCode(err, belay.CodeNotFound) {
+		t.Fatalf("GetConnection after delete: %v", err)
+	}
+	if moved, err := s.AdvanceConnection(ctx, c.ID, 15, 20); err != nil || moved {
+		t.Fatalf("AdvanceConnection(deleted) = %v, %v; want false", moved, err)
+	}
+	if list, err := s.SessionConnections(ctx, "ses_conn"); err != nil || len(list) != 0 {
+		t.Fatalf("SessionConnections after delete = %+v, %v", list, err)
+	}
+}

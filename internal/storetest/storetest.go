@@ -44,6 +44,7 @@ func Run(t *testing.T, open func(tb testing.TB, opts Options) belay.Store) {
 	t.Run("model_calls", func(t *testing.T) { testModelCalls(t, open) })
 	t.Run("deliveries", func(t *testing.T) { testDeliveries(t, open) })
 	t.Run("sessions", func(t *testing.T) { testSessions(t, open) })
+	t.Run("connections", func(t *testing.T) { testConnections(t, open) })
 }
 
 // BenchmarkConsume measures ConsumeModelRequest on one capability with a
