@@ -188,3 +188,26 @@ func wsError(forType string, err error) wire.WSServerMessage {
 	}
 	return wire.WSServerMessage{Type: wire.WSTypeError, For: forType, Error: &wire.ErrorDetail{Code: code, Message: msg}}
 }
+
+// ControlAuthorized reports whether authorization (an Authorization header's
+// value) carries an accepted control-plane token, compared in constant
+// time as on every public route: for the WebSocket functions on AWS, whose
+// $connect is the only request with the client's headers.
+func (s *Server) ControlAuthorized(authorization string) bool {
+	r := &http.Request{Header: http.Header{"Authorization": {authorization}}}
+	return s.controlAuthorized(r)
+}
+
+// SessionMessage runs one WebSocket client message (wire.WSClientMessage
+// as JSON) on session id and returns the answer to send back: what the
+// embedded route does per message, for API Gateway's WebSocket API.
+func (s *Server) SessionMessage(ctx context.Context, id string, data []byte) wire.WSServerMessage {
+	if len(data) > wire.MaxWSMessageBytes {
+		return wsError("", belay.Errorf(belay.CodeTooLarge, "a message is at most %d bytes", wire.MaxWSMessageBytes))
+	}
+	var m wire.WSClientMessage
+	if err := decodeStrict(data, &m); err != nil {
+		return wsError("", err)
+	}
+	return s.wsHandle(ctx, s.newID("req_"), id, m)
+}

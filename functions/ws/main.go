@@ -1,0 +1,54 @@
+// Command ws is the Lambda function of the sessions' WebSocket API (API
+// Gateway WebSocket API, routes $connect, $default and $disconnect, one
+// function switching on the route key) and of the table's stream, from
+// which it pushes each session's new events to its connections with
+// PostToConnection (internal/apigatewayws). The README lists its
+// environment.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+
+	"github.com/belay-dev/belay/internal/apigatewayws"
+	"github.com/belay-dev/belay/internal/lambdaenv"
+)
+
+func main() { lambdaenv.Start("ws", build) }
+
+func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(context.Context, json.RawMessage) (any, error), error) {
+	base, err := env.Store(ctx, log)
+	if err != nil {
+		return nil, err
+	}
+	store, err := env.NotifyingStore(ctx, base, log)
+	if err != nil {
+		return nil, err
+	}
+	artifacts, err := env.Artifacts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	orch, err := env.Orchestrator(ctx, store, log)
+	if err != nil {
+		return nil, err
+	}
+	tokens, err := env.ControlTokens(ctx)
+	if err != nil {
+		return nil, err
+	}
+	poster, err := env.WebSocketPoster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, ControlTokens: tokens, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	h, err := apigatewayws.New(apigatewayws.Config{Server: srv, Store: store, Poster: poster, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return h.Handle, nil
+}

@@ -1,0 +1,372 @@
+// Package apigatewayws serves sessions' WebSockets on API Gateway's
+// WebSocket API, where the platform holds the sockets and a function sees
+// one event per message: $connect (authenticated with the control-plane
+// token, like every public route; the session in ?sessionId=, the first
+// event to push after in ?after=), $default (a client message: chat,
+// approve or stop, run by the same code as the embedded route, answered
+// with PostToConnection) and $disconnect. Connections are kept in the store
+// (belay.ConnectionStore) with what was pushed to each.
+//
+// Events are pushed from the table's stream: the same function gets the
+// DynamoDB stream's records, and for each event item of a session turn's
+// run it pushes what each of the session's connections has not had, in
+// order, claiming the range with a conditional write first, so two
+// concurrent pushes never send an event twice. A $default message also
+// pushes what its connection lacks (the backlog from ?after=). A
+// connection that API Gateway says is gone (410) is deleted.
+package apigatewayws
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+
+	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/httpapi"
+)
+
+// ErrGone is PostToConnection's answer for a connection API Gateway no
+// longer has (410).
+var ErrGone = errors.New("the connection is gone")
+
+// Poster sends data to a connection (API Gateway's PostToConnection).
+type Poster interface {
+	PostToConnection(ctx context.Context, connectionID string, data []byte) error
+}
+
+// ManagementAPI is API Gateway's management API of one WebSocket API
+// stage: PostToConnection as its REST call (POST
+// {endpoint}/@connections/{id}), signed with SigV4 for execute-api. (The
+// SDK's apigatewaymanagementapi module is not served by this project's
+// module proxy; the call is one signed POST.)
+type ManagementAPI struct {
+	endpoint    *url.URL
+	client      *http.Client
+	credentials aws.CredentialsProvider
+	region      string
+	signer      *v4.Signer
+}
+
+// NewManagementAPI returns the management API at endpoint
+// (https://{api-id}.execute-api.{region}.amazonaws.com/{stage}).
+func NewManagementAPI(endpoint string, client *http.Client, creds aws.CredentialsProvider, region string) (*ManagementAPI, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" {
+		return nil, fmt.Errorf("the WebSocket API's endpoint %q is not an http(s) URL without a query", endpoint)
+	}
+	if client == nil {
+		client = &http.Client{Timeout: 10 * time.Second}
+	}
+	if creds == nil || region == "" {
+		return nil, errors.New("the management API needs credentials and a region to sign with")
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	return &ManagementAPI{endpoint: u, client: client, credentials: creds, region: region, signer: v4.NewSigner()}, nil
+}
+
+// PostToConnection sends data to the connection. Returns ErrGone for a
+// connection that is no longer there.
+func (m *ManagementAPI) PostToConnection(ctx context.Context, id string, data []byte) error {
+	u := *m.endpoint
+	u.Path = m.endpoint.Path + "/@connections/" + url.PathEscape(id)
+	u.RawPath = ""
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("post to connection: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	creds, err := m.credentials.Retrieve(ctx)
+	if err != nil {
+		return fmt.Errorf("post to connection: credentials: %w", err)
+	}
+	sum := sha256.Sum256(data)
+	if err := m.signer.SignHTTP(ctx, creds, req, hex.EncodeToString(sum[:]), "execute-api", m.region, time.Now().UTC()); err != nil {
+		return fmt.Errorf("post to connection: sign: %w", err)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("post to connection %s: %w", id, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	switch {
+	case resp.StatusCode == http.StatusGone:
+		return ErrGone
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		return fmt.Errorf("post to connection %s: API Gateway answered %s", id, resp.Status)
+	}
+	return nil
+}
+
+// Config is what a Handler needs; all of it is required.
+type Config struct {
+	// Server is the shared handler: its control tokens, session service
+	// and message handling.
+	Server *httpapi.Server
+	Store  belay.Store
+	Poster Poster
+	Logger *slog.Logger
+	Now    func() time.Time
+}
+
+// Handler is the WebSocket function's handler.
+type Handler struct {
+	cfg Config
+	log *slog.Logger
+	now func() time.Time
+}
+
+// New checks cfg and returns a Handler.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Server == nil || cfg.Store == nil || cfg.Poster == nil {
+		return nil, errors.New("apigatewayws: Config.Server, Store and Poster are required")
+	}
+	h := &Handler{cfg: cfg, log: cfg.Logger, now: cfg.Now}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	return h, nil
+}
+
+// Handle takes either event the function gets: an API Gateway WebSocket
+// route event (answered with a proxy response) or a batch of DynamoDB
+// stream records (answered with the records that failed, for the event
+// source mapping to retry).
+func (h *Handler) Handle(ctx context.Context, raw json.RawMessage) (any, error) {
+	var probe struct {
+		Records []json.RawMessage `json:"Records"`
+	}
+	if err := json.Unmarshal(raw, &probe); err != nil {
+		return nil, fmt.Errorf("the event is not JSON: %w", err)
+	}
+	if len(probe.Records) > 0 {
+		var ev events.DynamoDBEvent
+		if err := json.Unmarshal(raw, &ev); err != nil {
+			return nil, fmt.Errorf("decode the stream records: %w", err)
+		}
+		return h.HandleStream(ctx, ev), nil
+	}
+	var ev events.APIGatewayWebsocketProxyRequest
+	if err := json.Unmarshal(raw, &ev); err != nil {
+		return nil, fmt.Errorf("decode the WebSocket event: %w", err)
+	}
+	return h.HandleRoute(ctx, ev), nil
+}
+
+func answer(status int, body string) events.APIGatewayProxyResponse {
+	return events.APIGatewayProxyResponse{StatusCode: status, Body: body}
+}
+
+// HandleRoute answers one WebSocket route event.
+func (h *Handler) HandleRoute(ctx context.Context, ev events.APIGatewayWebsocketProxyRequest) events.APIGatewayProxyResponse {
+	id := ev.RequestContext.ConnectionID
+	log := h.log.With("connection_id", id, "route", ev.RequestContext.RouteKey, "request_id", ev.RequestContext.RequestID)
+	if id == "" {
+		return answer(http.StatusBadRequest, "no connection id")
+	}
+	switch ev.RequestContext.RouteKey {
+	case "$connect":
+		if !h.cfg.Server.ControlAuthorized(header(ev, "Authorization")) {
+			log.Info("websocket refused: no valid control-plane token")
+			return answer(http.StatusUnauthorized, "missing or invalid control-plane token")
+		}
+		sid := ev.QueryStringParameters["sessionId"]
+		after, err := strconv.ParseInt(cmpOr(ev.QueryStringParameters["after"], "0"), 10, 64)
+		if err != nil || after < 0 {
+			return answer(http.StatusBadRequest, "after must be a session-wide event number of at least 0")
+		}
+		if !strings.HasPrefix(sid, "ses_") {
+			return answer(http.StatusBadRequest, "name the session: ?sessionId=ses_...")
+		}
+		if _, err := h.cfg.Server.Sessions().Get(ctx, sid); err != nil {
+			if belay.IsCode(err, belay.CodeNotFound) {
+				return answer(http.StatusNotFound, "session not found")
+			}
+			log.Error("websocket connect: read the session", "session_id", sid, "err", err.Error())
+			return answer(http.StatusInternalServerError, "internal error")
+		}
+		c := belay.Connection{ID: id, SessionID: sid, ConnectedAt: h.now().UTC(), Sent: after}
+		if err := h.cfg.Store.PutConnection(ctx, c); err != nil {
+			log.Error("websocket connect: store the connection", "session_id", sid, "err", err.Error())
+			return answer(http.StatusInternalServerError, "internal error")
+		}
+		log.Info("websocket connected", "session_id", sid)
+		return answer(http.StatusOK, "")
+	case "$disconnect":
+		if err := h.cfg.Store.DeleteConnection(ctx, id); err != nil {
+			log.Error("websocket disconnect", "err", err.Error())
+			return answer(http.StatusInternalServerError, "internal error")
+		}
+		return answer(http.StatusOK, "")
+	case "$default":
+		c, err := h.cfg.Store.GetConnection(ctx, id)
+		if err != nil {
+			if !belay.IsCode(err, belay.CodeNotFound) {
+				log.Error("websocket message: read the connection", "err", err.Error())
+			}
+			return answer(http.StatusGone, "unknown connection")
+		}
+		body := []byte(ev.Body)
+		reply := h.cfg.Server.SessionMessage(ctx, c.SessionID, body)
+		data, _ := json.Marshal(reply)
+		if err := h.cfg.Poster.PostToConnection(ctx, id, data); err != nil {
+			h.lost(ctx, log, id, err)
+			return answer(http.StatusOK, "")
+		}
+		if err := h.push(ctx, c.SessionID); err != nil {
+			log.Error("websocket message: push the session's events", "session_id", c.SessionID, "err", err.Error())
+		}
+		return answer(http.StatusOK, "")
+	}
+	return answer(http.StatusBadRequest, "unknown route "+ev.RequestContext.RouteKey)
+}
+
+// HandleStream pushes the new events of the sessions whose turns' runs the
+// records wrote events of. Records of other items are skipped.
+func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) events.DynamoDBEventResponse {
+	var out events.DynamoDBEventResponse
+	runs := map[string]string{} // run id → the first record's event id
+	for _, r := range ev.Records {
+		if r.EventName != string(events.DynamoDBOperationTypeInsert) {
+			continue
+		}
+		pk, sk := keyString(r.Change.Keys["PK"]), keyString(r.Change.Keys["SK"])
+		if run, ok := strings.CutPrefix(pk, "RUN#"); ok && strings.HasPrefix(sk, "EVT#") {
+			if _, seen := runs[run]; !seen {
+				runs[run] = r.EventID
+			}
+		}
+	}
+	sessions := map[string]string{}
+	for run, eventID := range runs {
+		r, err := h.cfg.Store.GetRun(ctx, run)
+		if belay.IsCode(err, belay.CodeNotFound) {
+			continue
+		}
+		if err != nil {
+			h.log.Error("websocket push: read the run", "run_id", run, "err", err.Error())
+			out.BatchItemFailures = append(out.BatchItemFailures, events.DynamoDBBatchItemFailure{ItemIdentifier: eventID})
+			continue
+		}
+		if t := r.Request.Turn; t != nil {
+			sessions[t.SessionID] = eventID
+		}
+	}
+	for sid, eventID := range sessions {
+		if err := h.push(ctx, sid); err != nil {
+			h.log.Error("websocket push", "session_id", sid, "err", err.Error())
+			out.BatchItemFailures = append(out.BatchItemFailures, events.DynamoDBBatchItemFailure{ItemIdentifier: eventID})
+		}
+	}
+	return out
+}
+
+// pushPage is how many events one claim covers.
+const pushPage = 100
+
+// push sends each of the session's connections the events it has not had,
+// in order: per page, it first claims the page (AdvanceConnection from
+// what was sent), then posts it.
+func (h *Handler) push(ctx context.Context, sessionID string) error {
+	conns, err := h.cfg.Store.SessionConnections(ctx, sessionID)
+	if err != nil || len(conns) == 0 {
+		return err
+	}
+	sess, err := h.cfg.Server.Sessions().Get(ctx, sessionID)
+	if err != nil {
+		return err
+	}
+	for _, c := range conns {
+		log := h.log.With("connection_id", c.ID, "session_id", sessionID)
+	pages:
+		for {
+			page, err := h.cfg.Server.Sessions().Events(ctx, sess, c.Sent, pushPage)
+			if err != nil {
+				return err
+			}
+			if len(page.Events) == 0 {
+				break
+			}
+			last := page.Events[len(page.Events)-1].Seq
+			claimed, err := h.cfg.Store.AdvanceConnection(ctx, c.ID, c.Sent, last)
+			if err != nil {
+				return err
+			}
+			if !claimed {
+				break // another push has these
+			}
+			for _, e := range page.Events {
+				data, err := json.Marshal(e)
+				if err != nil {
+					return err
+				}
+				if err := h.cfg.Poster.PostToConnection(ctx, c.ID, data); err != nil {
+					h.lost(ctx, log, c.ID, err)
+					break pages
+				}
+			}
+			c.Sent = last
+		}
+	}
+	return nil
+}
+
+// lost deletes a connection API Gateway no longer has, and logs any other
+// failure to post (the events claimed for it are not sent again).
+func (h *Handler) lost(ctx context.Context, log *slog.Logger, id string, err error) {
+	if errors.Is(err, ErrGone) {
+		log.Info("websocket gone; forgetting it")
+		if err := h.cfg.Store.DeleteConnection(ctx, id); err != nil {
+			log.Error("delete a gone connection", "err", err.Error())
+		}
+		return
+	}
+	log.Warn("post to a websocket failed", "err", err.Error())
+}
+
+func keyString(v events.DynamoDBAttributeValue) string {
+	if v.DataType() != events.DataTypeString {
+		return ""
+	}
+	return v.String()
+}
+
+// header returns the request header name, matched without regard to case.
+func header(ev events.APIGatewayWebsocketProxyRequest, name string) string {
+	for k, v := range ev.Headers {
+		if strings.EqualFold(k, name) {
+			return v
+		}
+	}
+	for k, vs := range ev.MultiValueHeaders {
+		if strings.EqualFold(k, name) && len(vs) > 0 {
+			return vs[0]
+		}
+	}
+	return ""
+}
+
+func cmpOr(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
