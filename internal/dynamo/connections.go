@@ -134,11 +134,11 @@ func (s *Store) AdvanceConnection(ctx context.Context, id string, from, to int64
 		return false, err
 	}
 	_, err = s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                s.table,
-		Key:                      keyOf(sessionPK(c.SessionID), prefixSessionConn+id),
-		UpdateExpression:         aws.String("SET #sent = :to"),
-		ConditionExpression:      aws.String("attribute_exists(#PK) AND #sent = :from"),
-		ExpressionAttributeNames: exprNames("#sent #PK"),
+		TableName:                 s.table,
+		Key:                       keyOf(sessionPK(c.SessionID), prefixSessionConn+id),
+		UpdateExpression:          aws.String("SET #sent = :to"),
+		ConditionExpression:       aws.String("attribute_exists(#PK) AND #sent = :from"),
+		ExpressionAttributeNames:  exprNames("#sent #PK"),
 		ExpressionAttributeValues: map[string]types.AttributeValue{":to": avN(to), ":from": avN(from)},
 	})
 	var failed *types.ConditionalCheckFailedException
@@ -150,4 +150,3 @@ func (s *Store) AdvanceConnection(ctx context.Context, id string, from, to int64
 	}
 	return true, nil
 }
-
