@@ -39,6 +39,9 @@ func (s *belayStack) data() {
 		},
 		TimeToLiveAttribute: jsii.String(tableTTL),
 		RemovalPolicy:       awscdk.RemovalPolicy_RETAIN,
+		// The ws function pushes sessions' new events from the stream
+		// (websocket.go); keys are all it reads.
+		Stream: awsdynamodb.StreamViewType_KEYS_ONLY,
 	})
 	// The listing indexes hold keys and the request's chunk count only, as
 	// internal/dynamo creates them: updates of a run's usage or last event

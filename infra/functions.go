@@ -26,10 +26,12 @@ const (
 	fnWebhook    = "webhook"
 	fnDispatcher = "dispatcher"
 	fnPublisher  = "publisher"
+	// Sessions' WebSocket API (websocket.go).
+	fnWS = "ws"
 )
 
 // functionNames lists them in the order the stack builds them.
-var functionNames = []string{fnAPI, fnStream, fnModelProxy, fnSandboxAPI, fnSteps, fnCleanup, fnWebhook, fnDispatcher, fnPublisher}
+var functionNames = []string{fnAPI, fnStream, fnModelProxy, fnSandboxAPI, fnSteps, fnCleanup, fnWebhook, fnDispatcher, fnPublisher, fnWS}
 
 // The environment the functions read (CONTRACTS.md "Function names and
 // environment"; the README lists every variable of every function).
@@ -73,6 +75,9 @@ func functionSpecs() map[string]functionSpec {
 		// A fetch of up to 100 MiB of history, in memory and /tmp.
 		fnDispatcher: {1024, awscdk.Duration_Minutes(jsii.Number(5)), "belay dispatcher: a repository event becomes a run (source fetched by the control plane)"},
 		fnPublisher:  {1024, awscdk.Duration_Minutes(jsii.Number(5)), "belay publisher: a finished run's safe outputs (branch, pull request, comment)"},
+		// A message starts a turn as api starts a run; a stream batch
+		// pushes up to 100 events to each connection.
+		fnWS: {512, awscdk.Duration_Seconds(jsii.Number(60)), "belay sessions' WebSocket API ($connect, $default, $disconnect) and event push from the table's stream"},
 	}
 }
 
@@ -180,6 +185,8 @@ func functionID(name string) string {
 		return "ModelProxy"
 	case fnSandboxAPI:
 		return "SandboxApi"
+	case fnWS:
+		return "WebSocket"
 	}
 	return string(name[0]-'a'+'A') + name[1:]
 }

@@ -25,6 +25,7 @@ func (s *belayStack) outputs() {
 	out("SandboxLogGroup", "the sandbox tasks' logs", s.sandboxLogs.LogGroupName())
 	out("ClusterName", "the ECS cluster the sandbox tasks run in", s.cluster.ClusterName())
 	out("StateMachineArn", "the run state machine; executions are named by run id", s.stateMachine.StateMachineArn())
+	out("SessionsWebSocketUrl", "the sessions' WebSocket API: wss://.../v1?sessionId=ses_... (belay session chat)", s.wsStage.Url())
 	out("TableName", "the DynamoDB table (retained when the stack is deleted)", s.table.TableName())
 	out("ArtifactBucketName", "the artifact bucket (retained when the stack is deleted)", s.bucket.BucketName())
 	out("AlarmTopicArn", "subscribe to the alarms here (or deploy with -c alarmEmail=ADDRESS)", s.alarmTopic.TopicArn())

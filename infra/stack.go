@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigateway"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsdynamodb"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsecr"
@@ -78,6 +79,10 @@ type belayStack struct {
 	githubToken    awssecretsmanager.Secret
 	dispatcherDLQ  awssqs.Queue
 	webhookMethod  awsapigateway.Method
+
+	// websocket.go
+	wsAPI   awsapigatewayv2.WebSocketApi
+	wsStage awsapigatewayv2.WebSocketStage
 }
 
 // newApp adds belay's stack to app with cdk-nag's AWS Solutions checks, so
@@ -119,6 +124,7 @@ func newStack(scope awscdk.App, id string, cfg config) (*belayStack, error) {
 		return nil, err
 	}
 	s.triggers()
+	s.websocket()
 	s.alarms()
 	s.outputs()
 	s.suppressions()

@@ -46,7 +46,10 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(cont
 	if err != nil {
 		return nil, err
 	}
-	h, err := apigatewayws.New(apigatewayws.Config{Server: srv, Store: store, Poster: poster, Logger: log})
+	// With BELAY_AUTH=sigv4 API Gateway checks the caller's signature on
+	// $connect (the stack's auth=sigv4); otherwise the control-plane token.
+	h, err := apigatewayws.New(apigatewayws.Config{Server: srv, Store: store, Poster: poster, Logger: log,
+		GatewayAuthorized: env.Get("BELAY_AUTH") == "sigv4"})
 	if err != nil {
 		return nil, err
 	}

@@ -122,6 +122,10 @@ type Config struct {
 	Poster Poster
 	Logger *slog.Logger
 	Now    func() time.Time
+	// GatewayAuthorized says API Gateway authorizes $connect itself
+	// (AWS_IAM: the caller's SigV4 signature and IAM policy, the stack's
+	// auth=sigv4); the function then checks no token.
+	GatewayAuthorized bool
 }
 
 // Handler is the WebSocket function's handler.
@@ -184,7 +188,7 @@ func (h *Handler) HandleRoute(ctx context.Context, ev events.APIGatewayWebsocket
 	}
 	switch ev.RequestContext.RouteKey {
 	case "$connect":
-		if !h.cfg.Server.ControlAuthorized(header(ev, "Authorization")) {
+		if !h.cfg.GatewayAuthorized && !h.cfg.Server.ControlAuthorized(header(ev, "Authorization")) {
 			log.Info("websocket refused: no valid control-plane token")
 			return answer(http.StatusUnauthorized, "missing or invalid control-plane token")
 		}
