@@ -32,11 +32,13 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigatewa
 	if err != nil {
 		return nil, err
 	}
-	tokens, err := env.ControlTokens(ctx)
+	// BELAY_AUTH: the control-plane token, or the IAM caller API Gateway
+	// authenticated.
+	auth, err := env.PublicAuth(ctx, log)
 	if err != nil {
 		return nil, err
 	}
-	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, ControlTokens: tokens, Logger: log})
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, PublicAuth: auth, Logger: log})
 	if err != nil {
 		return nil, err
 	}
