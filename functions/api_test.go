@@ -27,6 +27,7 @@ func TestAPI(t *testing.T) {
 	})
 	cluster := awstest.New(t, awstest.ECS)
 	fn := rie.Start(t, "api", p.env(map[string]string{
+		"BELAY_AUTH":              "token",
 		"BELAY_TOKEN":             controlToken,
 		"BELAY_STATE_MACHINE_ARN": stateMachine,
 		"BELAY_CLUSTER_ARN":       clusterARN,
@@ -49,6 +50,12 @@ func TestAPI(t *testing.T) {
 		resp := buffered(t, fn, apiEvent(t, "api", "create-run-no-token.json"))
 		if resp.StatusCode != http.StatusUnauthorized || errorCode(t, resp.Body) != belay.CodeUnauthorized {
 			t.Fatalf("no token: %d %s, want 401 unauthorized", resp.StatusCode, resp.Body)
+		}
+	})
+	t.Run("an IAM identity is no credential under token auth", func(t *testing.T) {
+		resp := buffered(t, fn, apiEvent(t, "api", "create-run-sigv4.json"))
+		if resp.StatusCode != http.StatusUnauthorized || errorCode(t, resp.Body) != belay.CodeUnauthorized {
+			t.Fatalf("signed, no token: %d %s, want 401 unauthorized", resp.StatusCode, resp.Body)
 		}
 	})
 	if n := len(states.All()); n != 0 {
@@ -121,8 +128,8 @@ func TestAPI(t *testing.T) {
 	})
 
 	t.Run("logs", func(t *testing.T) {
-		// Eight requests so far, each with its access line.
-		fn.WaitLogs(func(logs string) bool { return strings.Count(logs, `"msg":"request"`) >= 8 })
+		// Nine requests so far, each with its access line.
+		fn.WaitLogs(func(logs string) bool { return strings.Count(logs, `"msg":"request"`) >= 9 })
 		var access int
 		for _, line := range fn.JSONLines() {
 			if line["msg"] != "request" || line["function"] != "api" {
