@@ -140,3 +140,18 @@ func TestPublicAuthReadsTheTokenOnlyUnderTokenAuth(t *testing.T) {
 		t.Fatalf("token auth without a token: %v, want the control token's error", err)
 	}
 }
+
+// The functions add the operator's extensions and checks as belay serve
+// does, and name the variable of a bad one.
+func TestLimitsTakeTheOperatorsAdditions(t *testing.T) {
+	lim, err := envOf(map[string]string{lambdaenv.EnvModel: "m", lambdaenv.EnvExtensions: ".kt", lambdaenv.EnvChecks: "go test ./..."}).Limits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lim.ExtensionAllowed("Main.kt") || strings.Join(lim.AllowedChecks[len(lim.AllowedChecks)-1], " ") != "go test ./..." {
+		t.Fatalf("limits %v / %q: want .kt and go test added", lim.Extensions, lim.AllowedChecks)
+	}
+	if _, err := envOf(map[string]string{lambdaenv.EnvModel: "m", lambdaenv.EnvExtensions: "kt"}).Limits(); err == nil || !strings.Contains(err.Error(), `BELAY_EXTENSIONS "kt" is not an extension`) {
+		t.Fatalf("a bad extension: %v", err)
+	}
+}
