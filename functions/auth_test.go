@@ -9,10 +9,8 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
-	"github.com/belay-dev/belay/internal/awstest"
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/rie"
-	"github.com/belay-dev/belay/internal/sfn"
 	"github.com/belay-dev/belay/internal/wire"
 )
 
@@ -37,20 +35,11 @@ func withoutIdentity(ev *events.APIGatewayProxyRequest) {
 // send.
 func TestAPISigV4(t *testing.T) {
 	p := startPeers(t)
-	states := awstest.New(t, awstest.StepFunctions)
-	states.Handle("StartExecution", func(body map[string]any) (int, any) {
-		return http.StatusOK, map[string]any{"executionArn": sfn.ExecutionARN(stateMachine, body["name"].(string)), "startDate": 1796130330.0}
-	})
-	cluster := awstest.New(t, awstest.ECS)
-	fn := rie.Start(t, "api", p.env(map[string]string{
+	fn, states := startAPI(t, p, map[string]string{
 		"BELAY_AUTH": "sigv4",
 		// Left over from a token deployment: ignored, with a warning.
-		"BELAY_TOKEN":             controlToken,
-		"BELAY_STATE_MACHINE_ARN": stateMachine,
-		"BELAY_CLUSTER_ARN":       clusterARN,
-		"BELAY_SFN_ENDPOINT":      states.URL,
-		"BELAY_ECS_ENDPOINT":      cluster.URL,
-	}))
+		"BELAY_TOKEN": controlToken,
+	})
 
 	t.Run("no identity", func(t *testing.T) {
 		for name, ev := range map[string][]byte{
@@ -69,17 +58,7 @@ func TestAPISigV4(t *testing.T) {
 
 	var created wire.CreateRunResponse
 	t.Run("signed create", func(t *testing.T) {
-		resp := buffered(t, fn, apiEvent(t, "api", "create-run-sigv4.json"))
-		if resp.StatusCode != http.StatusAccepted {
-			t.Fatalf("create: %d %s, want 202", resp.StatusCode, resp.Body)
-		}
-		if err := json.Unmarshal([]byte(resp.Body), &created); err != nil || !strings.HasPrefix(created.RunID, "run_") {
-			t.Fatalf("create answer %s: %v", resp.Body, err)
-		}
-		run, err := p.store.GetRun(t.Context(), created.RunID)
-		if err != nil || run.Status != belay.StatusQueued {
-			t.Fatalf("run in DynamoDB Local: %+v, %v; want queued", run.Status, err)
-		}
+		created = createRun(t, fn, p, apiEvent(t, "api", "create-run-sigv4.json"))
 		if starts := states.Calls("StartExecution"); len(starts) != 1 || starts[0]["name"] != created.RunID {
 			t.Fatalf("StartExecution calls %v, want one named by the run", starts)
 		}

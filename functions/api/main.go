@@ -15,12 +15,8 @@ import (
 func main() { lambdaenv.Start("api", build) }
 
 func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigateway.BufferedHandler, error) {
-	base, err := env.Store(ctx, log)
-	if err != nil {
-		return nil, err
-	}
 	// With a bus (BELAY_EVENT_BUS), each run state is put on it.
-	store, err := env.NotifyingStore(ctx, base, log)
+	store, err := env.RunStore(ctx, log)
 	if err != nil {
 		return nil, err
 	}
