@@ -43,8 +43,9 @@ const (
 	// authToken: anyone holding the control-plane token, as embedded; the
 	// api and stream functions compare it in constant time.
 	authToken = "token"
-	// authSigV4: API Gateway verifies the caller's AWS signature (IAM), and
-	// the functions trust that it did.
+	// authSigV4: API Gateway verifies the caller's AWS signature (IAM); the
+	// functions hold no token and accept only a request whose request
+	// context names the IAM identity API Gateway authenticated.
 	authSigV4 = "sigv4"
 )
 
