@@ -21,11 +21,8 @@ import (
 func main() { lambdaenv.Start("dispatcher", build) }
 
 func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(context.Context, belay.BusEvent) (dispatch.Outcome, error), error) {
-	base, err := env.Store(ctx, log)
-	if err != nil {
-		return nil, err
-	}
-	store, err := env.NotifyingStore(ctx, base, log)
+	// With a bus (BELAY_EVENT_BUS), each run state is put on it.
+	store, err := env.RunStore(ctx, log)
 	if err != nil {
 		return nil, err
 	}
@@ -37,11 +34,7 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(cont
 	if err != nil {
 		return nil, err
 	}
-	lim, err := env.RepoLimits()
-	if err != nil {
-		return nil, err
-	}
-	trig, err := env.Triggers(lim)
+	trig, lim, err := env.Triggers()
 	if err != nil {
 		return nil, err
 	}

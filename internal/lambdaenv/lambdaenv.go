@@ -74,6 +74,12 @@ const (
 	// belay.DefaultSandboxEventLimits).
 	EnvSandboxEvents     = "BELAY_SANDBOX_EVENTS"
 	EnvSandboxEventBytes = "BELAY_SANDBOX_EVENT_BYTES"
+	// EnvExtensions and EnvChecks add to the run limits as for belay
+	// serve (belay.ParseOperatorLimits): more file extensions
+	// (".kt,.swift") and more allowlisted checks ("go test ./...;cargo
+	// test"). Every function that validates runs must get the same.
+	EnvExtensions = "BELAY_EXTENSIONS"
+	EnvChecks     = "BELAY_CHECKS"
 )
 
 // The direct variables for local runs and tests: a secret's value instead
@@ -319,13 +325,16 @@ func (e *Env) Model() (string, error) {
 	return e.Require(EnvModel, "name the one model runs may use")
 }
 
-// Limits returns the run-creation limits for EnvModel.
+// Limits returns the run-creation limits for EnvModel, with the
+// operator's additions from EnvExtensions and EnvChecks, read as belay
+// serve reads them.
 func (e *Env) Limits() (belay.Limits, error) {
 	model, err := e.Model()
 	if err != nil {
 		return belay.Limits{}, err
 	}
-	return belay.DefaultLimits(model), nil
+	return belay.ParseOperatorLimits(e.Get(EnvExtensions), e.Get(EnvChecks)).
+		Apply(belay.DefaultLimits(model), EnvExtensions, EnvChecks)
 }
 
 // secretSource is the Source of a secret given directly (direct) or by ARN

@@ -63,12 +63,14 @@ func (e *Env) EventBus(ctx context.Context) (*eventbridge.Bus, error) {
 	return eventbridge.New(c, name), nil
 }
 
-// NotifyingStore wraps store so that every run state it writes is put on
-// the bus as a run status event, when EnvEventBus is set; otherwise it
-// returns store as it is.
-func (e *Env) NotifyingStore(ctx context.Context, store belay.Store, log *slog.Logger) (belay.Store, error) {
-	if e.Get(EnvEventBus) == "" {
-		return store, nil
+// RunStore returns the store of a function that moves runs from state to
+// state (api, steps, cleanup, dispatcher): the DynamoDB store on EnvTable,
+// which, when EnvEventBus is set, also puts each run state it writes on
+// the bus as a run status event.
+func (e *Env) RunStore(ctx context.Context, log *slog.Logger) (belay.Store, error) {
+	store, err := e.Store(ctx, log)
+	if err != nil || e.Get(EnvEventBus) == "" {
+		return store, err
 	}
 	bus, err := e.EventBus(ctx)
 	if err != nil {
@@ -97,18 +99,25 @@ func (e *Env) RepoLimits() (belay.Limits, error) {
 	return lim, nil
 }
 
-// Triggers parses EnvTriggers (required) against lim.
-func (e *Env) Triggers(lim belay.Limits) (*triggers.Config, error) {
+// Triggers parses EnvTriggers (required) against the run limits with the
+// repository limits (RepoLimits), and returns those limits too: the
+// webhook and the dispatcher judge repository events by the same.
+func (e *Env) Triggers() (*triggers.Config, belay.Limits, error) {
+	lim, err := e.RepoLimits()
+	if err != nil {
+		return nil, belay.Limits{}, err
+	}
 	v, err := e.Require(EnvTriggers, "give the triggers file's JSON")
 	if err != nil {
-		return nil, err
+		return nil, belay.Limits{}, err
 	}
-	lim.GitURLs = triggers.OperatorGitURLs
-	c, err := triggers.Parse(strings.NewReader(v), lim)
+	trigLim := lim
+	trigLim.GitURLs = triggers.OperatorGitURLs
+	c, err := triggers.Parse(strings.NewReader(v), trigLim)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", EnvTriggers, err)
+		return nil, belay.Limits{}, fmt.Errorf("%s: %w", EnvTriggers, err)
 	}
-	return c, nil
+	return c, lim, nil
 }
 
 // WebhookSecret returns GitHub's webhook secret, cached (required).

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -178,6 +179,7 @@ func RunCommand(ctx context.Context, c Command) (CommandResult, error) {
 // child's parent-death signal is tied to, which is why it lives until Wait
 // returns.
 func runHardened(cmd *exec.Cmd) error {
+	keepSpareThreads(spareThreads)
 	errc := make(chan error, 1)
 	go func() {
 		lockThreadForChild()
@@ -201,6 +203,36 @@ func runHardened(cmd *exec.Cmd) error {
 		errc <- err
 	}()
 	return <-errc
+}
+
+// spareThreads is how many idle OS threads the entry keeps before it starts
+// a command.
+const spareThreads = 16
+
+// keepSpareThreads makes sure the Go runtime holds at least n OS threads
+// besides those busy now, idle for it to reuse. A command may fill the
+// sandbox's process limit (a fork bomb in a check under runc's pids cgroup,
+// which the entry's own threads count against too), and the runtime exits
+// the whole entry when it needs a new thread and cannot have one; with
+// spare ones it takes an idle thread instead, and the entry still reports
+// and uploads the run's result. n goroutines each lock a thread at once,
+// so the runtime starts the threads it lacks (reusing the idle ones it
+// has), then unlock and end, leaving the threads idle; the runtime never
+// ends an idle thread.
+func keepSpareThreads(n int) {
+	var locked, release sync.WaitGroup
+	locked.Add(n)
+	release.Add(1)
+	for range n {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			locked.Done()
+			release.Wait()
+		}()
+	}
+	locked.Wait()
+	release.Done()
 }
 
 // killGroup kills the command's whole process group.
