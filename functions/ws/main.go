@@ -18,11 +18,8 @@ import (
 func main() { lambdaenv.Start("ws", build) }
 
 func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(context.Context, json.RawMessage) (any, error), error) {
-	base, err := env.Store(ctx, log)
-	if err != nil {
-		return nil, err
-	}
-	store, err := env.NotifyingStore(ctx, base, log)
+	// With a bus (BELAY_EVENT_BUS), each run state is put on it.
+	store, err := env.RunStore(ctx, log)
 	if err != nil {
 		return nil, err
 	}
@@ -34,7 +31,11 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(cont
 	if err != nil {
 		return nil, err
 	}
-	tokens, err := env.ControlTokens(ctx)
+	mode, err := env.Auth()
+	if err != nil {
+		return nil, err
+	}
+	auth, err := env.PublicAuth(ctx, log)
 	if err != nil {
 		return nil, err
 	}
@@ -42,14 +43,14 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(cont
 	if err != nil {
 		return nil, err
 	}
-	srv, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, ControlTokens: tokens, Logger: log})
+	srv, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, PublicAuth: auth, Logger: log})
 	if err != nil {
 		return nil, err
 	}
 	// With BELAY_AUTH=sigv4 API Gateway checks the caller's signature on
 	// $connect (the stack's auth=sigv4); otherwise the control-plane token.
 	h, err := apigatewayws.New(apigatewayws.Config{Server: srv, Store: store, Poster: poster, Logger: log,
-		GatewayAuthorized: env.Get("BELAY_AUTH") == "sigv4"})
+		GatewayAuthorized: mode == lambdaenv.AuthSigV4})
 	if err != nil {
 		return nil, err
 	}

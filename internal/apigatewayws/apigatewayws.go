@@ -188,7 +188,7 @@ func (h *Handler) HandleRoute(ctx context.Context, ev events.APIGatewayWebsocket
 	}
 	switch ev.RequestContext.RouteKey {
 	case "$connect":
-		if !h.cfg.GatewayAuthorized && !h.cfg.Server.ControlAuthorized(header(ev, "Authorization")) {
+		if !h.cfg.GatewayAuthorized && !h.cfg.Server.Authorized(http.Header{"Authorization": {header(ev, "Authorization")}}) {
 			log.Info("websocket refused: no valid control-plane token")
 			return answer(http.StatusUnauthorized, "missing or invalid control-plane token")
 		}

@@ -178,7 +178,7 @@ func (s *Server) handleSessionEvents(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if wantsStream(r) {
+	if WantsStream(r) {
 		if v := r.Header.Get("Last-Event-ID"); v != "" {
 			if after, err = intParam(strings.TrimSpace(v), "Last-Event-ID", 0, 0, math.MaxInt64); err != nil {
 				s.writeError(w, r, err)

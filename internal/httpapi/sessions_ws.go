@@ -189,13 +189,18 @@ func wsError(forType string, err error) wire.WSServerMessage {
 	return wire.WSServerMessage{Type: wire.WSTypeError, For: forType, Error: &wire.ErrorDetail{Code: code, Message: msg}}
 }
 
-// ControlAuthorized reports whether authorization (an Authorization header's
-// value) carries an accepted control-plane token, compared in constant
-// time as on every public route: for the WebSocket functions on AWS, whose
-// $connect is the only request with the client's headers.
-func (s *Server) ControlAuthorized(authorization string) bool {
-	r := &http.Request{Header: http.Header{"Authorization": {authorization}}}
-	return s.controlAuthorized(r)
+// Authorized reports whether the public routes' Authenticator lets a
+// request with these headers through (on belay serve and under
+// BELAY_AUTH=token, the control-plane token in Authorization): for the
+// WebSocket functions on AWS, whose $connect is the only request with the
+// client's headers.
+func (s *Server) Authorized(header http.Header) bool {
+	r, err := http.NewRequest(http.MethodGet, "/v1/sessions", nil)
+	if err != nil {
+		return false
+	}
+	r.Header = header.Clone()
+	return s.authenticate(r) == nil
 }
 
 // SessionMessage runs one WebSocket client message (wire.WSClientMessage
