@@ -102,6 +102,26 @@ func (s *belayStack) suppressions() {
 		"GitHub sends no bearer token or AWS signature: the webhook function checks each delivery's X-Hub-Signature-256 (HMAC-SHA256 of the body with the webhook secret, constant time) and stores nothing for a bad one.")
 	suppress(s.dispatcherDLQ, "AwsSolutions-SQS3",
 		"This queue is itself the dead-letter queue of the repository-event rules' Lambda targets.")
+	// The sessions' WebSocket API (websocket.go).
+	suppress(s.wsAPI, "AwsSolutions-APIG4",
+		"A WebSocket API authorizes only $connect: under auth=token the ws function checks the control-plane token there (constant time, as on every public route) and refuses the connection; under auth=sigv4 API Gateway checks the caller's AWS signature (IAM). $default and $disconnect reach the function only on a connection $connect accepted.")
+	suppress(s.wsAPI, "AwsSolutions-COG4",
+		"belay has no user directory: callers hold the control-plane token or, with -c auth=sigv4, an AWS IAM identity.")
+	suppress(s.fns[fnWS].Role(), "AwsSolutions-IAM5",
+		"Artifacts are objects runs/<runId>/<name> and run ids are known only at run time: the runs/ prefix of belay's artifact bucket is the narrowest resource.",
+		artifacts)
+	suppress(s.fns[fnWS].Role(), "AwsSolutions-IAM5",
+		"Executions are named by run id, known only when a turn starts: the resource is this state machine's executions and no other's.",
+		`^Resource::\["arn:\$\{AWS::Partition\}:states:\$\{AWS::Region\}:\$\{AWS::AccountId\}:execution:\$\{Name\}:\*",.*"Runs[0-9A-F]+","Name".*\]$`)
+	suppress(s.fns[fnWS].Role(), "AwsSolutions-IAM5",
+		"A sandbox task's id is known only once it runs: stopping a turn stops the tasks of belay's cluster and no other.",
+		clusterTasks)
+	suppress(s.fns[fnWS].Role(), "AwsSolutions-IAM5",
+		"Connection ids are API Gateway's, known only when a client connects: the resource is the connections of the sessions' WebSocket API's one stage and no other API.",
+		`^Resource::arn:<AWS::Partition>:execute-api:<AWS::Region>:<AWS::AccountId>:<SessionsWebSocket[0-9A-F]+>/`+wsStage+`/\*/@connections/\*$`)
+	suppress(s.fns[fnWS].Role(), "AwsSolutions-IAM5",
+		"dynamodb:ListStreams has no resource-level permission; CDK grants it for the table stream's event source mapping (the stream's reads are on the table's stream ARN).",
+		`^Resource::\*$`)
 	suppress(s.cleanupDLQ, "AwsSolutions-SQS3",
 		"This queue is itself the dead-letter queue of the ExecutionEnded rule's Lambda target and of cleanup's asynchronous invocations, uses cdk-nag does not see; its depth raises the CleanupDeadLettersAlarm.")
 }

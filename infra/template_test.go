@@ -559,6 +559,7 @@ func TestTaskRoleReachesOnlyThePrivateAPI(t *testing.T) {
 // only for these may a statement's resource be "*".
 var noResourceLevel = map[string]bool{
 	"ecr:GetAuthorizationToken": true,
+	"dynamodb:ListStreams":      true,
 	"logs:CreateLogDelivery":    true, "logs:GetLogDelivery": true, "logs:UpdateLogDelivery": true, "logs:DeleteLogDelivery": true,
 	"logs:ListLogDeliveries": true, "logs:PutResourcePolicy": true, "logs:DescribeResourcePolicies": true, "logs:DescribeLogGroups": true,
 	"xray:PutTraceSegments": true, "xray:PutTelemetryRecords": true, "xray:GetSamplingRules": true, "xray:GetSamplingTargets": true,
@@ -573,6 +574,7 @@ var narrowWildcards = []*regexp.Regexp{
 	regexp.MustCompile(`"/\*/internal/\*"`),         // the private API's internal routes
 	regexp.MustCompile(`/prod/\*/v1/\*"`),           // the public API's routes (the sigv4 caller policy)
 	regexp.MustCompile(`starport-layer-bucket/\*"`), // ECR's layers (S3 endpoint policy)
+	regexp.MustCompile(`"/v1/\*/@connections/\*"`),  // the sessions' WebSocket connections (ids known only on connect)
 	regexp.MustCompile(`:\$\{AWS::AccountId\}:\*"`), // execute-api endpoint: this account's APIs
 }
 
