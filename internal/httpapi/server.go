@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/intake"
 	"github.com/belay-dev/belay/internal/token"
 	"github.com/belay-dev/belay/internal/upstream"
@@ -88,7 +87,7 @@ type Config struct {
 	// plane fetches with Git and keeps the bundle in Sources, which the
 	// sandbox downloads (GET /internal/v1/runs/{id}/source). Without them
 	// a git source is refused.
-	Git     *gitsource.Client
+	Git     belay.SourceFetcher
 	Sources belay.SourceStore
 	// Webhooks, when set, serves POST /v1/webhooks/github (no bearer: the
 	// signature is the credential).
