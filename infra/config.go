@@ -130,7 +130,7 @@ func readConfig(scope constructs.Construct) (config, error) {
 	default:
 		errs = append(errs, fmt.Sprintf("context %s=%q: want %q (the control-plane token) or %q (AWS IAM signatures)", ctxAuth, c.Auth, authToken, authSigV4))
 	}
-	switch arch := str(ctxSandboxArch, "arm64"); arch {
+	switch arch := str(ctxSandboxArch, hardening.Sandbox.Architecture); arch {
 	case "arm64":
 		c.ARM64 = true
 	case "amd64":

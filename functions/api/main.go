@@ -9,6 +9,7 @@ import (
 	"log/slog"
 
 	"github.com/belay-dev/belay/internal/apigateway"
+	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/lambdaenv"
 )
 
@@ -34,7 +35,9 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigatewa
 	if err != nil {
 		return nil, err
 	}
-	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, PublicAuth: auth, Logger: log})
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, PublicAuth: auth, Logger: log,
+		// Sessions: each turn's workspace is built with go-git.
+		Workspaces: gitsource.Workspaces{}})
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/intake"
 	"github.com/belay-dev/belay/internal/lambdaenv"
+	"github.com/belay-dev/belay/internal/lambdaenv/gitenv"
 	"github.com/belay-dev/belay/internal/webhook"
 )
 
@@ -38,7 +39,7 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(cont
 	if err != nil {
 		return nil, err
 	}
-	creds, err := env.GitCredentials(ctx)
+	creds, err := gitenv.Credentials(ctx, env)
 	if err != nil {
 		return nil, err
 	}

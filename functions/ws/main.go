@@ -12,6 +12,7 @@ import (
 	"log/slog"
 
 	"github.com/belay-dev/belay/internal/apigatewayws"
+	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/lambdaenv"
 )
 
@@ -43,7 +44,9 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(cont
 	if err != nil {
 		return nil, err
 	}
-	srv, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, PublicAuth: auth, Logger: log})
+	srv, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, PublicAuth: auth, Logger: log,
+		// Sessions: each turn's workspace is built with go-git.
+		Workspaces: gitsource.Workspaces{}})
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/orchestrator"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
@@ -359,6 +360,8 @@ func (m *Main) Run(ctx context.Context) (err error) {
 		Upstream:           upstream,
 		Logger:             m.log,
 		Now:                m.now,
+		// Sessions: each turn's workspace built in memory with go-git.
+		Workspaces: gitsource.Workspaces{},
 	}
 	if sources, ok := artifacts.(belay.SourceStore); ok {
 		apiCfg.Sources = sources

@@ -170,3 +170,77 @@ func DiffCommits(repo *git.Repository, from, to plumbing.Hash) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
+
+// Workspaces builds sessions' workspaces in memory with go-git: it
+// implements belay.Workspaces, so the session service (and the handler
+// that carries it) links no git code of its own.
+type Workspaces struct{ Signature Signature }
+
+// Workspace is one session's workspace: a base commit and the head after
+// the patches applied on it.
+type Workspace struct {
+	repo       *git.Repository
+	base, head plumbing.Hash
+	sig        Signature
+}
+
+// FromFiles starts a workspace whose base holds files.
+func (w Workspaces) FromFiles(files []belay.File, when time.Time) (belay.Workspace, error) {
+	repo, base, err := RepoFromFiles(files, w.signature(), when)
+	if err != nil {
+		return nil, err
+	}
+	return &Workspace{repo: repo, base: base, head: base, sig: w.signature()}, nil
+}
+
+// FromBundle starts a workspace whose base is the commit of a source
+// bundle (as Fetch writes it).
+func (w Workspaces) FromBundle(r io.Reader) (belay.Workspace, error) {
+	repo, base, err := LoadBundle(r)
+	if err != nil {
+		return nil, err
+	}
+	return &Workspace{repo: repo, base: base, head: base, sig: w.signature()}, nil
+}
+
+func (w Workspaces) signature() Signature {
+	if w.Signature.Name == "" {
+		return DefaultSignature
+	}
+	return w.Signature
+}
+
+// Apply commits patch (a validated git diff from the head) on the head.
+func (w *Workspace) Apply(patch []byte, message string, when time.Time) error {
+	head, err := CommitPatch(w.repo, w.head, patch, message, w.sig, when)
+	if err != nil {
+		return err
+	}
+	w.head = head
+	return nil
+}
+
+// Changed reports whether a patch moved the head from the base.
+func (w *Workspace) Changed() bool { return w.head != w.base }
+
+// Files returns the head's files.
+func (w *Workspace) Files() ([]belay.File, error) { return FilesAt(w.repo, w.head) }
+
+// Bundle returns the bundle of the head with its history (at most
+// maxBytes), and the head's commit, tree and paths: a git source a run can
+// start from without a fetch.
+func (w *Workspace) Bundle(maxBytes int64) (data []byte, commit string, tree belay.SourceTree, bundle belay.SourceBundle, paths []string, err error) {
+	if paths, tree, err = CommitPaths(w.repo, w.head); err != nil {
+		return nil, "", tree, bundle, nil, err
+	}
+	var buf bytes.Buffer
+	if bundle, err = WriteBundle(&buf, w.repo, w.head, maxBytes); err != nil {
+		return nil, "", tree, bundle, nil, err
+	}
+	return buf.Bytes(), w.head.String(), tree, bundle, paths, nil
+}
+
+// Diff returns the diff from the base to the head (empty when equal).
+func (w *Workspace) Diff() ([]byte, error) { return DiffCommits(w.repo, w.base, w.head) }
+
+var _ belay.Workspaces = Workspaces{}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/intake"
 	"github.com/belay-dev/belay/internal/session"
 	"github.com/belay-dev/belay/internal/token"
@@ -89,8 +88,12 @@ type Config struct {
 	// plane fetches with Git and keeps the bundle in Sources, which the
 	// sandbox downloads (GET /internal/v1/runs/{id}/source). Without them
 	// a git source is refused.
-	Git     *gitsource.Client
+	Git     belay.SourceFetcher
 	Sources belay.SourceStore
+	// Workspaces, when set, enables sessions (the /v1/sessions routes):
+	// it builds each turn's workspace (gitsource.Workspaces). Without it
+	// those routes answer not_found, and the handler links no git code.
+	Workspaces belay.Workspaces
 	// Webhooks, when set, serves POST /v1/webhooks/github (no bearer: the
 	// signature is the credential).
 	Webhooks http.Handler
@@ -270,8 +273,10 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 
-	if s.sessions, err = s.newSessions(); err != nil {
-		return nil, fmt.Errorf("httpapi: %w", err)
+	if cfg.Workspaces != nil {
+		if s.sessions, err = s.newSessions(cfg.Workspaces); err != nil {
+			return nil, fmt.Errorf("httpapi: %w", err)
+		}
 	}
 
 	s.base, s.cancelBase = context.WithCancel(context.Background())
@@ -299,14 +304,18 @@ func New(cfg Config) (*Server, error) {
 	s.public.HandleFunc("POST /v1/runs/{id}/cancel", s.handleCancel)
 	s.public.HandleFunc("GET /v1/runs/{id}/artifacts", s.handleListArtifacts)
 	s.public.HandleFunc("GET /v1/runs/{id}/artifacts/{name}", s.handleGetArtifact)
-	s.public.HandleFunc("POST /v1/sessions", s.handleCreateSession)
-	s.public.HandleFunc("GET /v1/sessions/{id}", s.handleGetSession)
-	s.public.HandleFunc("DELETE /v1/sessions/{id}", s.handleCloseSession)
-	s.public.HandleFunc("POST /v1/sessions/{id}/messages", s.handleSendMessage)
-	s.public.HandleFunc("POST /v1/sessions/{id}/stop", s.handleStopSession)
-	s.public.HandleFunc("GET /v1/sessions/{id}/events", s.handleSessionEvents)
-	s.public.HandleFunc("GET /v1/sessions/{id}/patch", s.handleSessionPatch)
-	s.public.HandleFunc("GET /v1/sessions/{id}/ws", s.handleSessionWebSocket)
+	for pattern, h := range map[string]http.HandlerFunc{
+		"POST /v1/sessions":               s.handleCreateSession,
+		"GET /v1/sessions/{id}":           s.handleGetSession,
+		"DELETE /v1/sessions/{id}":        s.handleCloseSession,
+		"POST /v1/sessions/{id}/messages": s.handleSendMessage,
+		"POST /v1/sessions/{id}/stop":     s.handleStopSession,
+		"GET /v1/sessions/{id}/events":    s.handleSessionEvents,
+		"GET /v1/sessions/{id}/patch":     s.handleSessionPatch,
+		"GET /v1/sessions/{id}/ws":        s.handleSessionWebSocket,
+	} {
+		s.public.HandleFunc(pattern, s.withSessions(h))
+	}
 	if s.webhooks != nil {
 		s.public.Handle("POST "+wire.GitHubWebhookPath, s.webhooks)
 	}

@@ -30,12 +30,25 @@ func sessionID(r *http.Request) (string, error) {
 }
 
 // Sessions returns the session service the handler runs sessions with, for
-// the WebSocket functions on AWS to serve the same messages.
+// the WebSocket functions on AWS to serve the same messages; nil when
+// Config.Workspaces was not set.
 func (s *Server) Sessions() *session.Service { return s.sessions }
 
-func (s *Server) newSessions() (*session.Service, error) {
+// withSessions answers not_found on the session routes of a handler built
+// without sessions.
+func (s *Server) withSessions(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.sessions == nil {
+			s.writeError(w, r, belay.Errorf(belay.CodeNotFound, "this control plane does not run sessions"))
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) newSessions(ws belay.Workspaces) (*session.Service, error) {
 	return session.New(session.Config{
-		Store: s.store, Artifacts: s.artifacts, Sources: s.sources, Intake: s.intake,
+		Store: s.store, Artifacts: s.artifacts, Sources: s.sources, Intake: s.intake, Workspaces: ws,
 		Cancel: func(ctx context.Context, runID string) error {
 			_, err := s.cancelRunID(ctx, "", runID)
 			return err

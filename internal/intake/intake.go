@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/gitsource"
 )
 
 // Config is what a Service needs. Store, Orchestrator and NewID are
@@ -27,7 +26,7 @@ type Config struct {
 	Orchestrator belay.Orchestrator
 	// Git fetches git sources; Sources keeps their bundles. Without both,
 	// a request with a git source is refused.
-	Git     *gitsource.Client
+	Git     belay.SourceFetcher
 	Sources belay.SourceStore
 	Limits  belay.Limits
 	// NewID returns a fresh run id ("run_...").
@@ -129,7 +128,7 @@ func (s *Service) Create(ctx context.Context, r Request) (belay.Run, bool, error
 	}
 	log := s.log.With("run_id", id)
 
-	var fetched *gitsource.Fetched
+	var fetched *belay.FetchedSource
 	var openBundle func() (io.ReadCloser, error)
 	var wantBundle belay.SourceBundle
 	if p := r.Prepared; p != nil && req.GitSource() != nil {
@@ -151,11 +150,11 @@ func (s *Service) Create(ctx context.Context, r Request) (belay.Run, bool, error
 			return belay.Run{}, false, belay.FieldErrorf(belay.CodeInvalid, "source",
 				"this control plane does not fetch git sources; upload files instead")
 		}
-		fetched, err = s.cfg.Git.Fetch(ctx, *g, gitsource.LimitsOf(s.cfg.Limits))
+		fetched, err = s.cfg.Git.FetchSource(ctx, *g, s.cfg.Limits)
 		if err != nil {
 			return belay.Run{}, false, err
 		}
-		defer fetched.Close()
+		defer fetched.Data.Close()
 		if err := belay.CheckAllowedPathsInTree(req.AllowedPaths, fetched.Paths); err != nil {
 			return belay.Run{}, false, fmt.Errorf("in commit %s: %w", fetched.Commit, err)
 		}
@@ -166,7 +165,7 @@ func (s *Service) Create(ctx context.Context, r Request) (belay.Run, bool, error
 		}
 		tree, bundle := fetched.Tree, fetched.Bundle
 		resolved.Tree, resolved.Bundle = &tree, &bundle
-		openBundle, wantBundle = fetched.OpenBundle, fetched.Bundle
+		openBundle, wantBundle = fetched.Data.OpenBundle, fetched.Bundle
 		req.Source = &belay.Source{Git: &resolved}
 		if req.Trigger != nil && req.Trigger.Commit == "" {
 			t := *req.Trigger
@@ -220,7 +219,7 @@ func (s *Service) storeBundle(ctx context.Context, runID string, open func() (io
 		return err
 	}
 	defer rc.Close()
-	got, err := s.cfg.Sources.PutSource(ctx, runID, rc, gitsource.LimitsOf(s.cfg.Limits).MaxBytes)
+	got, err := s.cfg.Sources.PutSource(ctx, runID, rc, belay.RepoMaxBytes(s.cfg.Limits))
 	if err != nil {
 		return err
 	}

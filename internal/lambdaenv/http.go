@@ -36,7 +36,11 @@ type HTTPParts struct {
 	// Presigner gives a claiming sandbox presigned S3 PUTs for its
 	// outputs: sandboxapi.
 	Presigner httpapi.OutputPresigner
-	Logger    *slog.Logger
+	// Workspaces enables sessions (api and ws, with
+	// gitsource.Workspaces); the other functions leave it nil and link no
+	// git code.
+	Workspaces belay.Workspaces
+	Logger     *slog.Logger
 }
 
 // placeholderUpstream is the upstream URL of a function without the model
@@ -96,6 +100,7 @@ func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 		Upstream:      up,
 		Logger:        p.Logger,
 		Presigner:     p.Presigner,
+		Workspaces:    p.Workspaces,
 
 		SandboxEventLimits: events,
 	})

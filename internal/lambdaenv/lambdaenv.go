@@ -337,9 +337,10 @@ func (e *Env) Limits() (belay.Limits, error) {
 		Apply(belay.DefaultLimits(model), EnvExtensions, EnvChecks)
 }
 
-// secretSource is the Source of a secret given directly (direct) or by ARN
-// (arn); exactly one must be set.
-func (e *Env) secretSource(ctx context.Context, direct, arn, what string) (secrets.Source, error) {
+// SecretSource is the Source of a secret given directly (the variable
+// direct) or by ARN (the variable arn); exactly one must be set. what names
+// the secret in errors.
+func (e *Env) SecretSource(ctx context.Context, direct, arn, what string) (secrets.Source, error) {
 	v, id := e.Get(direct), e.Get(arn)
 	switch {
 	case v != "" && id != "":
@@ -356,9 +357,9 @@ func (e *Env) secretSource(ctx context.Context, direct, arn, what string) (secre
 	return nil, fmt.Errorf("neither %s nor %s is set: %s", arn, direct, what)
 }
 
-// fetch reads a secret once, at start.
-func (e *Env) fetch(ctx context.Context, direct, arn, what string) (string, error) {
-	src, err := e.secretSource(ctx, direct, arn, what)
+// Secret reads a secret (see SecretSource) once, at start.
+func (e *Env) Secret(ctx context.Context, direct, arn, what string) (string, error) {
+	src, err := e.SecretSource(ctx, direct, arn, what)
 	if err != nil {
 		return "", err
 	}
@@ -373,7 +374,7 @@ func (e *Env) fetch(ctx context.Context, direct, arn, what string) (string, erro
 // at EnvControlTokenSecretARN), read once at start. A secret may hold
 // several tokens, one a line, so an operator can rotate without downtime.
 func (e *Env) ControlTokens(ctx context.Context) ([]string, error) {
-	v, err := e.fetch(ctx, EnvToken, EnvControlTokenSecretARN, "the control-plane token")
+	v, err := e.Secret(ctx, EnvToken, EnvControlTokenSecretARN, "the control-plane token")
 	if err != nil {
 		return nil, err
 	}
@@ -393,7 +394,7 @@ func (e *Env) ControlTokens(ctx context.Context) ([]string, error) {
 // or the secret at EnvSigningKeySecretARN): hex, at least
 // token.MinSecretLen bytes.
 func (e *Env) Signer(ctx context.Context, now func() time.Time) (*token.Signer, error) {
-	v, err := e.fetch(ctx, EnvSigningKey, EnvSigningKeySecretARN, "the run-token signing key")
+	v, err := e.Secret(ctx, EnvSigningKey, EnvSigningKeySecretARN, "the run-token signing key")
 	if err != nil {
 		return nil, err
 	}
@@ -413,7 +414,7 @@ func (e *Env) ModelKey(ctx context.Context) (src secrets.Source, ok bool, err er
 	if e.Get(EnvModelAPIKey) == "" && e.Get(EnvModelAPIKeySecretARN) == "" {
 		return nil, false, nil
 	}
-	src, err = e.secretSource(ctx, EnvModelAPIKey, EnvModelAPIKeySecretARN, "the model provider's key")
+	src, err = e.SecretSource(ctx, EnvModelAPIKey, EnvModelAPIKeySecretARN, "the model provider's key")
 	return src, err == nil, err
 }
 

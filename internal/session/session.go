@@ -5,7 +5,8 @@
 // earlier turns left it and with their conversation, compacted
 // (belay.CompactConversation), in the agent's context.
 //
-// The workspace is rebuilt in memory for each turn (internal/gitsource):
+// The workspace is rebuilt in memory for each turn (belay.Workspaces;
+// internal/gitsource implements it with go-git):
 // the session's base (the uploaded tree, or the commit the first turn
 // fetched) with each completed turn's validated patch committed on top, in
 // order. A turn's change is kept when its run ended with a validated
@@ -33,19 +34,17 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/go-git/go-git/v5"
-	"github.com/go-git/go-git/v5/plumbing"
-
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/intake"
 )
 
-// Config is what a Service needs. Store, Artifacts, Intake, Cancel and
-// NewID are required; Sources enables git sources.
+// Config is what a Service needs. Store, Artifacts, Workspaces, Intake,
+// Cancel and NewID are required; Sources enables git sources.
 type Config struct {
 	Store     belay.Store
 	Artifacts belay.ArtifactStore
+	// Workspaces builds each turn's workspace.
+	Workspaces belay.Workspaces
 	// Sources keeps runs' git source bundles: the first turn's fetched
 	// one, and those the service builds for later turns.
 	Sources belay.SourceStore
@@ -70,8 +69,8 @@ type Service struct {
 // New checks cfg and returns a Service.
 func New(cfg Config) (*Service, error) {
 	switch {
-	case cfg.Store == nil, cfg.Artifacts == nil, cfg.Intake == nil, cfg.Cancel == nil, cfg.NewID == nil:
-		return nil, errors.New("session: Config.Store, Artifacts, Intake, Cancel and NewID are required")
+	case cfg.Store == nil, cfg.Artifacts == nil, cfg.Workspaces == nil, cfg.Intake == nil, cfg.Cancel == nil, cfg.NewID == nil:
+		return nil, errors.New("session: Config.Store, Artifacts, Workspaces, Intake, Cancel and NewID are required")
 	}
 	s := &Service{cfg: cfg, log: cfg.Logger, now: cfg.Now}
 	if s.log == nil {
@@ -82,9 +81,6 @@ func New(cfg Config) (*Service, error) {
 	}
 	return s, nil
 }
-
-// signature signs the commits of the in-memory workspace (never pushed).
-var signature = gitsource.Signature{Name: "belay", Email: "belay@belay.invalid"}
 
 // Create stores a new idle session for req (already validated:
 // belay.ParseSessionRequest). A git source is refused when the control
@@ -179,11 +175,9 @@ func (s *Service) Send(ctx context.Context, id, text string) (belay.Turn, error)
 	if err != nil {
 		return belay.Turn{}, err
 	}
-	if ws != nil && ws.head != ws.base {
-		if sess.Request.Source == nil {
-			if req.Files, err = gitsource.FilesAt(ws.repo, ws.head); err != nil {
-				return belay.Turn{}, fmt.Errorf("session %s: files of the workspace: %w", id, err)
-			}
+	if ws != nil && ws.Changed() && sess.Request.Source == nil {
+		if req.Files, err = ws.Files(); err != nil {
+			return belay.Turn{}, fmt.Errorf("session %s: files of the workspace: %w", id, err)
 		}
 	}
 	if ws != nil && sess.Request.Source != nil {
@@ -256,27 +250,17 @@ func (s *Service) Patch(ctx context.Context, id string) ([]byte, error) {
 	if err != nil || ws == nil {
 		return nil, err
 	}
-	return gitsource.DiffCommits(ws.repo, ws.base, ws.head)
-}
-
-// workspace is a session's workspace in memory: its base commit and the
-// head after its completed turns.
-type workspace struct {
-	repo       *git.Repository
-	base, head plumbing.Hash
-	// from is the turn whose run's bundle the base came from (git
-	// sources); 0 for an uploaded tree.
-	from int
+	return ws.Diff()
 }
 
 // workspace builds the session's workspace; nil for a git source none of
 // whose turns has fetched it yet.
-func (s *Service) workspace(ctx context.Context, sess belay.Session) (*workspace, error) {
-	ws := &workspace{}
+func (s *Service) workspace(ctx context.Context, sess belay.Session) (belay.Workspace, error) {
+	var ws belay.Workspace
+	from := 0 // the turn whose run's bundle is the base (git sources)
 	var err error
 	if sess.Request.Source == nil {
-		ws.repo, ws.base, err = gitsource.RepoFromFiles(sess.Request.Files, signature, sess.CreatedAt)
-		if err != nil {
+		if ws, err = s.cfg.Workspaces.FromFiles(sess.Request.Files, sess.CreatedAt); err != nil {
 			return nil, fmt.Errorf("session %s: %w", sess.ID, err)
 		}
 	} else {
@@ -300,21 +284,20 @@ func (s *Service) workspace(ctx context.Context, sess belay.Session) (*workspace
 			if err != nil {
 				return nil, err
 			}
-			ws.repo, ws.base, err = gitsource.LoadBundle(rc)
+			ws, err = s.cfg.Workspaces.FromBundle(rc)
 			rc.Close()
 			if err != nil {
 				return nil, fmt.Errorf("session %s: the source of turn %d: %w", sess.ID, t.Turn, err)
 			}
-			ws.from = t.Turn
+			from = t.Turn
 			break
 		}
-		if ws.repo == nil {
+		if ws == nil {
 			return nil, nil
 		}
 	}
-	ws.head = ws.base
 	for _, t := range sess.Turns {
-		if !t.Status.Terminal() || t.Turn < ws.from {
+		if !t.Status.Terminal() || t.Turn < from {
 			continue
 		}
 		patch, err := s.cfg.Artifacts.GetArtifact(ctx, t.RunID, "patch.diff")
@@ -324,11 +307,9 @@ func (s *Service) workspace(ctx context.Context, sess belay.Session) (*workspace
 		if err != nil {
 			return nil, fmt.Errorf("session %s: the patch of turn %d: %w", sess.ID, t.Turn, err)
 		}
-		head, err := gitsource.CommitPatch(ws.repo, ws.head, patch, fmt.Sprintf("belay: session %s turn %d\n", sess.ID, t.Turn), signature, t.FinishedAt)
-		if err != nil {
+		if err := ws.Apply(patch, fmt.Sprintf("belay: session %s turn %d\n", sess.ID, t.Turn), t.FinishedAt); err != nil {
 			return nil, fmt.Errorf("session %s: apply the patch of turn %d: %w", sess.ID, t.Turn, err)
 		}
-		ws.head = head
 	}
 	return ws, nil
 }
@@ -336,20 +317,13 @@ func (s *Service) workspace(ctx context.Context, sess belay.Session) (*workspace
 // prepare makes the git source of a turn that continues from the
 // workspace's head: its bundle (the head with its whole history), which
 // intake stores for the new run.
-func (s *Service) prepare(sess belay.Session, ws *workspace) (*intake.PreparedSource, error) {
-	paths, tree, err := gitsource.CommitPaths(ws.repo, ws.head)
-	if err != nil {
-		return nil, fmt.Errorf("session %s: %w", sess.ID, err)
-	}
-	limits := gitsource.LimitsOf(s.cfg.Intake.Limits())
-	var buf bytes.Buffer
-	bundle, err := gitsource.WriteBundle(&buf, ws.repo, ws.head, limits.MaxBytes)
+func (s *Service) prepare(sess belay.Session, ws belay.Workspace) (*intake.PreparedSource, error) {
+	data, commit, tree, bundle, paths, err := ws.Bundle(belay.RepoMaxBytes(s.cfg.Intake.Limits()))
 	if err != nil {
 		return nil, err
 	}
 	g := *sess.Request.Source.Git
-	g.Commit, g.Tree, g.Bundle = ws.head.String(), &tree, &bundle
-	data := buf.Bytes()
+	g.Commit, g.Tree, g.Bundle = commit, &tree, &bundle
 	return &intake.PreparedSource{Git: g, Paths: paths, Open: func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(data)), nil
 	}}, nil
