@@ -23,6 +23,7 @@ import (
 	"github.com/belay-dev/belay/internal/anthropic"
 	"github.com/belay-dev/belay/internal/bedrock"
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/localdir"
 	"github.com/belay-dev/belay/internal/scriptedmodel"
@@ -307,6 +308,8 @@ type harnessOptions struct {
 	presigner httpapi.OutputPresigner
 	// sandboxEvents caps each run's sandbox events (zero: the defaults).
 	sandboxEvents belay.SandboxEventLimits
+	// sessions enables the session routes (gitsource.Workspaces).
+	sessions bool
 }
 
 // harness is one server over a real SQLite store in a temporary directory,
@@ -444,6 +447,9 @@ func newHarness(tb testing.TB, opts harnessOptions) *harness {
 		EventsChanged:      changed,
 		Presigner:          opts.presigner,
 		SandboxEventLimits: opts.sandboxEvents,
+	}
+	if opts.sessions {
+		cfg.Workspaces = gitsource.Workspaces{}
 	}
 	api, err := httpapi.New(cfg)
 	if err != nil {

@@ -117,11 +117,19 @@ func (s *Service) Refresh(ctx context.Context, sess belay.Session) (belay.Sessio
 	}
 	run, err := s.cfg.Store.GetRun(ctx, last.RunID)
 	switch {
+	case belay.IsCode(err, belay.CodeNotFound) && s.now().Sub(last.CreatedAt) < runCreateGrace:
+		// Send records the turn, then creates its run (after a fetch,
+		// for a git source): until then the turn is queued.
+		return sess, nil
 	case belay.IsCode(err, belay.CodeNotFound):
 		// The turn was recorded but its run never stored (the service
 		// stopped between the two): it ends failed.
-		return s.cfg.Store.FinishTurn(ctx, sess.ID, belay.TurnEnd{Turn: last.Turn, Status: belay.StatusFailed,
+		out, err := s.cfg.Store.FinishTurn(ctx, sess.ID, belay.TurnEnd{Turn: last.Turn, Status: belay.StatusFailed,
 			At: s.now().UTC(), Reason: "the turn's run was never created"})
+		if belay.IsCode(err, belay.CodeConflict) {
+			return s.cfg.Store.GetSession(ctx, sess.ID)
+		}
+		return out, err
 	case err != nil:
 		return belay.Session{}, err
 	case !run.Status.Terminal():
@@ -144,12 +152,22 @@ func (s *Service) Refresh(ctx context.Context, sess belay.Session) (belay.Sessio
 		return belay.Session{}, fmt.Errorf("read the result of turn %d: %w", last.Turn, err)
 	}
 	out, err := s.cfg.Store.FinishTurn(ctx, sess.ID, end)
+	if belay.IsCode(err, belay.CodeConflict) {
+		// Another reader recorded the end and the next turn started
+		// since sess was read: what is stored now is the answer.
+		return s.cfg.Store.GetSession(ctx, sess.ID)
+	}
 	if err != nil {
 		return belay.Session{}, err
 	}
 	s.log.Info("session turn ended", "session_id", sess.ID, "run_id", run.ID, "turn", last.Turn, "status", run.Status)
 	return out, nil
 }
+
+// runCreateGrace is how long after its turn was recorded a turn's run may
+// still be missing (Send creates it right after, a git source's fetch
+// first) before the turn counts as one whose run was never created.
+const runCreateGrace = 10 * time.Minute
 
 // Send starts the session's next turn with text: a run from the workspace
 // as the earlier turns left it, with their conversation. Returns the turn
