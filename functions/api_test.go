@@ -2,6 +2,7 @@ package functions_test
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -18,21 +19,7 @@ import (
 // request the function's SDK clients send.
 func TestAPI(t *testing.T) {
 	p := startPeers(t)
-	states := awstest.New(t, awstest.StepFunctions)
-	states.Handle("StartExecution", func(body map[string]any) (int, any) {
-		return http.StatusOK, map[string]any{"executionArn": sfn.ExecutionARN(stateMachine, body["name"].(string)), "startDate": 1796130330.0}
-	})
-	states.Handle("StopExecution", func(map[string]any) (int, any) {
-		return http.StatusOK, map[string]any{"stopDate": 1796130400.0}
-	})
-	cluster := awstest.New(t, awstest.ECS)
-	fn := rie.Start(t, "api", p.env(map[string]string{
-		"BELAY_TOKEN":             controlToken,
-		"BELAY_STATE_MACHINE_ARN": stateMachine,
-		"BELAY_CLUSTER_ARN":       clusterARN,
-		"BELAY_SFN_ENDPOINT":      states.URL,
-		"BELAY_ECS_ENDPOINT":      cluster.URL,
-	}))
+	fn, states := startAPI(t, p, map[string]string{"BELAY_AUTH": "token", "BELAY_TOKEN": controlToken})
 
 	t.Run("bad body", func(t *testing.T) {
 		resp := buffered(t, fn, apiEvent(t, "api", "create-run-bad-body.json"))
@@ -51,23 +38,19 @@ func TestAPI(t *testing.T) {
 			t.Fatalf("no token: %d %s, want 401 unauthorized", resp.StatusCode, resp.Body)
 		}
 	})
+	t.Run("an IAM identity is no credential under token auth", func(t *testing.T) {
+		resp := buffered(t, fn, apiEvent(t, "api", "create-run-sigv4.json"))
+		if resp.StatusCode != http.StatusUnauthorized || errorCode(t, resp.Body) != belay.CodeUnauthorized {
+			t.Fatalf("signed, no token: %d %s, want 401 unauthorized", resp.StatusCode, resp.Body)
+		}
+	})
 	if n := len(states.All()); n != 0 {
 		t.Fatalf("refused requests made %d Step Functions calls", n)
 	}
 
 	var created wire.CreateRunResponse
 	t.Run("valid run", func(t *testing.T) {
-		resp := buffered(t, fn, apiEvent(t, "api", "create-run.json"))
-		if resp.StatusCode != http.StatusAccepted {
-			t.Fatalf("create: %d %s, want 202", resp.StatusCode, resp.Body)
-		}
-		if err := json.Unmarshal([]byte(resp.Body), &created); err != nil || !strings.HasPrefix(created.RunID, "run_") {
-			t.Fatalf("create answer %s: %v", resp.Body, err)
-		}
-		run, err := p.store.GetRun(t.Context(), created.RunID)
-		if err != nil || run.Status != belay.StatusQueued || run.Request.Model != testModel {
-			t.Fatalf("run in DynamoDB Local: %+v, %v; want queued with the configured model", run.Status, err)
-		}
+		created = createRun(t, fn, p, apiEvent(t, "api", "create-run.json"))
 		starts := states.Calls("StartExecution")
 		if len(starts) != 1 || starts[0]["name"] != created.RunID || starts[0]["stateMachineArn"] != stateMachine ||
 			starts[0]["input"] != `{"runId":"`+created.RunID+`"}` {
@@ -121,8 +104,8 @@ func TestAPI(t *testing.T) {
 	})
 
 	t.Run("logs", func(t *testing.T) {
-		// Eight requests so far, each with its access line.
-		fn.WaitLogs(func(logs string) bool { return strings.Count(logs, `"msg":"request"`) >= 8 })
+		// Nine requests so far, each with its access line.
+		fn.WaitLogs(func(logs string) bool { return strings.Count(logs, `"msg":"request"`) >= 9 })
 		var access int
 		for _, line := range fn.JSONLines() {
 			if line["msg"] != "request" || line["function"] != "api" {
@@ -143,4 +126,48 @@ func TestAPI(t *testing.T) {
 			t.Fatal("the control-plane token is in the function's log")
 		}
 	})
+}
+
+// startAPI starts the api bootstrap on p with the given authentication
+// environment. Step Functions and ECS have no peer here: awstest servers
+// check each request the function's SDK clients send; the Step Functions
+// one is returned.
+func startAPI(tb testing.TB, p peers, auth map[string]string) (*rie.Function, *awstest.Server) {
+	tb.Helper()
+	states := awstest.New(tb, awstest.StepFunctions)
+	states.Handle("StartExecution", func(body map[string]any) (int, any) {
+		return http.StatusOK, map[string]any{"executionArn": sfn.ExecutionARN(stateMachine, body["name"].(string)), "startDate": 1796130330.0}
+	})
+	states.Handle("StopExecution", func(map[string]any) (int, any) {
+		return http.StatusOK, map[string]any{"stopDate": 1796130400.0}
+	})
+	cluster := awstest.New(tb, awstest.ECS)
+	env := map[string]string{
+		"BELAY_STATE_MACHINE_ARN": stateMachine,
+		"BELAY_CLUSTER_ARN":       clusterARN,
+		"BELAY_SFN_ENDPOINT":      states.URL,
+		"BELAY_ECS_ENDPOINT":      cluster.URL,
+	}
+	maps.Copy(env, auth)
+	return rie.Start(tb, "api", p.env(env)), states
+}
+
+// createRun sends a run-creation event to the api function and checks the
+// answer (202 with a run id) and the run in DynamoDB Local (queued, with
+// the configured model).
+func createRun(tb testing.TB, fn *rie.Function, p peers, event []byte) wire.CreateRunResponse {
+	tb.Helper()
+	resp := buffered(tb, fn, event)
+	if resp.StatusCode != http.StatusAccepted {
+		tb.Fatalf("create: %d %s, want 202", resp.StatusCode, resp.Body)
+	}
+	var created wire.CreateRunResponse
+	if err := json.Unmarshal([]byte(resp.Body), &created); err != nil || !strings.HasPrefix(created.RunID, "run_") {
+		tb.Fatalf("create answer %s: %v", resp.Body, err)
+	}
+	run, err := p.store.GetRun(tb.Context(), created.RunID)
+	if err != nil || run.Status != belay.StatusQueued || run.Request.Model != testModel {
+		tb.Fatalf("run in DynamoDB Local: %+v, %v; want queued with the configured model", run.Status, err)
+	}
+	return created
 }

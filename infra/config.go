@@ -34,6 +34,8 @@ const (
 	ctxThrottleBurst      = "throttleBurstLimit"
 	ctxAlarmEmail         = "alarmEmail"
 	ctxTriggers           = "triggers"
+	ctxExtensions         = "extensions"
+	ctxChecks             = "checks"
 )
 
 // Who may call the public API.
@@ -41,8 +43,9 @@ const (
 	// authToken: anyone holding the control-plane token, as embedded; the
 	// api and stream functions compare it in constant time.
 	authToken = "token"
-	// authSigV4: API Gateway verifies the caller's AWS signature (IAM), and
-	// the functions trust that it did.
+	// authSigV4: API Gateway verifies the caller's AWS signature (IAM); the
+	// functions hold no token and accept only a request whose request
+	// context names the IAM identity API Gateway authenticated.
 	authSigV4 = "sigv4"
 )
 
@@ -73,6 +76,10 @@ type config struct {
 	// dispatcher (context "triggers": the JSON, or @path of a file);
 	// empty deploys them without triggers (they refuse to start).
 	Triggers string
+	// Extensions and Checks are the operator's additions to the run
+	// limits, written as for belay serve (belay.ParseOperatorLimits);
+	// every function gets them as BELAY_EXTENSIONS and BELAY_CHECKS.
+	Extensions, Checks string
 }
 
 var digestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
@@ -115,6 +122,8 @@ func readConfig(scope constructs.Construct) (config, error) {
 		ThrottleBurst:      num(ctxThrottleBurst, 40, 1, 5000),
 		AlarmEmail:         str(ctxAlarmEmail, ""),
 		Triggers:           str(ctxTriggers, ""),
+		Extensions:         str(ctxExtensions, ""),
+		Checks:             str(ctxChecks, ""),
 	}
 	switch c.Auth {
 	case authToken, authSigV4:
@@ -153,8 +162,12 @@ func readConfig(scope constructs.Construct) (config, error) {
 		}
 		c.Triggers = string(b)
 	}
-	if c.Triggers != "" && c.Model != "" {
-		lim := belay.DefaultLimits(c.Model)
+	lim, err := belay.ParseOperatorLimits(c.Extensions, c.Checks).
+		Apply(belay.DefaultLimits(c.Model), "context "+ctxExtensions, "context "+ctxChecks)
+	if err != nil {
+		errs = append(errs, err.Error())
+	}
+	if c.Triggers != "" && c.Model != "" && err == nil {
 		lim.GitURLs = triggers.OperatorGitURLs
 		if _, err := triggers.Parse(strings.NewReader(c.Triggers), lim); err != nil {
 			errs = append(errs, fmt.Sprintf("context %s: %v", ctxTriggers, err))

@@ -45,6 +45,8 @@ const (
 	envModelAPIKeyARN  = "BELAY_MODEL_API_KEY_SECRET_ARN"
 	envModelProvider   = "BELAY_MODEL_PROVIDER"
 	envAuth            = "BELAY_AUTH"
+	envExtensions      = "BELAY_EXTENSIONS"
+	envChecks          = "BELAY_CHECKS"
 )
 
 // functionSpec is what differs between the functions.
@@ -115,6 +117,12 @@ func (s *belayStack) functions() error {
 				envModel: jsii.String(s.cfg.Model),
 			},
 		})
+		// The operator's additions to the run limits, read with them.
+		for env, v := range map[string]string{envExtensions: s.cfg.Extensions, envChecks: s.cfg.Checks} {
+			if v != "" {
+				fn.AddEnvironment(jsii.String(env), jsii.String(v), nil)
+			}
+		}
 		s.fns[name] = fn
 	}
 

@@ -336,6 +336,20 @@ func TestPublicAPIRoutes(t *testing.T) {
 					t.Errorf("function %s: %s=%v, control token secret set: %v", fn, envAuth, env[envAuth], hasToken)
 				}
 			}
+			// The operator's additions to the run limits, on every function
+			// (they are read with BELAY_MODEL), and only when set.
+			for id, fn := range st.resources("AWS::Lambda::Function") {
+				vars, _ := props(fn)["Environment"].(map[string]any)
+				env, _ := vars["Variables"].(map[string]any)
+				if env[envModel] == nil {
+					continue // not one of belay's functions
+				}
+				for name, want := range map[string]string{envExtensions: st.s.cfg.Extensions, envChecks: st.s.cfg.Checks} {
+					if got, set := env[name]; set != (want != "") || set && got != want {
+						t.Errorf("function %s: %s=%v, want %q", id, name, got, want)
+					}
+				}
+			}
 			policies := st.resources("AWS::IAM::ManagedPolicy")
 			if (len(policies) == 1) != (st.s.cfg.Auth == authSigV4) {
 				t.Errorf("caller policy present: %d, auth %s", len(policies), st.s.cfg.Auth)

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 
 	"github.com/belay-dev/belay/internal/anthropic"
 	"github.com/belay-dev/belay/internal/belay"
@@ -132,7 +131,7 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 	}
 	cfg.Limits.Extensions = append(cfg.Limits.Extensions, extensions...)
 	for _, c := range checks {
-		argv := strings.Fields(c)
+		argv := belay.ParseCheck(c)
 		if len(argv) == 0 {
 			return usagef("--allow-check %q is empty", c)
 		}

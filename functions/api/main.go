@@ -15,12 +15,8 @@ import (
 func main() { lambdaenv.Start("api", build) }
 
 func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigateway.BufferedHandler, error) {
-	base, err := env.Store(ctx, log)
-	if err != nil {
-		return nil, err
-	}
 	// With a bus (BELAY_EVENT_BUS), each run state is put on it.
-	store, err := env.NotifyingStore(ctx, base, log)
+	store, err := env.RunStore(ctx, log)
 	if err != nil {
 		return nil, err
 	}
@@ -32,11 +28,13 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigatewa
 	if err != nil {
 		return nil, err
 	}
-	tokens, err := env.ControlTokens(ctx)
+	// BELAY_AUTH: the control-plane token, or the IAM caller API Gateway
+	// authenticated.
+	auth, err := env.PublicAuth(ctx, log)
 	if err != nil {
 		return nil, err
 	}
-	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, ControlTokens: tokens, Logger: log})
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, PublicAuth: auth, Logger: log})
 	if err != nil {
 		return nil, err
 	}

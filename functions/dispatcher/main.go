@@ -15,17 +15,15 @@ import (
 	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/intake"
 	"github.com/belay-dev/belay/internal/lambdaenv"
+	"github.com/belay-dev/belay/internal/lambdaenv/gitenv"
 	"github.com/belay-dev/belay/internal/webhook"
 )
 
 func main() { lambdaenv.Start("dispatcher", build) }
 
 func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(context.Context, belay.BusEvent) (dispatch.Outcome, error), error) {
-	base, err := env.Store(ctx, log)
-	if err != nil {
-		return nil, err
-	}
-	store, err := env.NotifyingStore(ctx, base, log)
+	// With a bus (BELAY_EVENT_BUS), each run state is put on it.
+	store, err := env.RunStore(ctx, log)
 	if err != nil {
 		return nil, err
 	}
@@ -37,15 +35,11 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(cont
 	if err != nil {
 		return nil, err
 	}
-	lim, err := env.RepoLimits()
+	trig, lim, err := env.Triggers()
 	if err != nil {
 		return nil, err
 	}
-	trig, err := env.Triggers(lim)
-	if err != nil {
-		return nil, err
-	}
-	creds, err := env.GitCredentials(ctx)
+	creds, err := gitenv.Credentials(ctx, env)
 	if err != nil {
 		return nil, err
 	}

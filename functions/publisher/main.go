@@ -12,6 +12,7 @@ import (
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/lambdaenv"
+	"github.com/belay-dev/belay/internal/lambdaenv/gitenv"
 	"github.com/belay-dev/belay/internal/publish"
 )
 
@@ -26,11 +27,11 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(cont
 	if err != nil {
 		return nil, err
 	}
-	creds, err := env.GitCredentials(ctx)
+	creds, err := gitenv.Credentials(ctx, env)
 	if err != nil {
 		return nil, err
 	}
-	gh, err := env.GitHub(ctx, creds)
+	gh, err := gitenv.GitHub(ctx, env, creds)
 	if err != nil {
 		return nil, err
 	}

@@ -17,12 +17,8 @@ import (
 func main() { lambdaenv.Start("steps", build) }
 
 func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (func(context.Context, sfn.TaskRequest) (any, error), error) {
-	base, err := env.Store(ctx, log)
-	if err != nil {
-		return nil, err
-	}
 	// With a bus (BELAY_EVENT_BUS), each run state is put on it.
-	store, err := env.NotifyingStore(ctx, base, log)
+	store, err := env.RunStore(ctx, log)
 	if err != nil {
 		return nil, err
 	}

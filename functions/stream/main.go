@@ -21,7 +21,7 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigatewa
 	if err != nil {
 		return nil, err
 	}
-	tokens, err := env.ControlTokens(ctx)
+	auth, err := env.PublicAuth(ctx, log) // BELAY_AUTH
 	if err != nil {
 		return nil, err
 	}
@@ -29,7 +29,7 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigatewa
 	if err != nil {
 		return nil, err
 	}
-	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, ControlTokens: tokens, Logger: log})
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, PublicAuth: auth, Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -24,11 +24,7 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigatewa
 	if err != nil {
 		return nil, err
 	}
-	lim, err := env.RepoLimits()
-	if err != nil {
-		return nil, err
-	}
-	trig, err := env.Triggers(lim)
+	trig, _, err := env.Triggers()
 	if err != nil {
 		return nil, err
 	}

@@ -7,8 +7,9 @@
 //
 // Both write one JSON access line per request, with the API Gateway request
 // id, the Lambda request id, the handler's own request id (X-Request-Id,
-// which its error lines carry) and the run id when the path names one, so a
-// request can be followed from API Gateway's log to the handler's.
+// which its error lines carry), the run id when the path names one and the
+// IAM caller's ARN when API Gateway authenticated one, so a request can be
+// followed from API Gateway's log to the handler's.
 package apigateway
 
 import (
@@ -81,6 +82,11 @@ func access(ctx context.Context, log *slog.Logger, o Options, ev events.APIGatew
 	}
 	if id := RunIDOf(ev.Path); id != "" {
 		attrs = append(attrs, "run_id", id)
+	}
+	if arn := ev.RequestContext.Identity.UserArn; arn != "" {
+		// The IAM caller API Gateway authenticated (BELAY_AUTH=sigv4):
+		// who did what, and no secret.
+		attrs = append(attrs, "caller_arn", arn)
 	}
 	if note != "" {
 		attrs = append(attrs, "note", note)

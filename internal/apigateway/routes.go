@@ -9,6 +9,7 @@ import (
 	"github.com/awslabs/aws-lambda-go-api-proxy/core"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/httpapi"
 	"github.com/belay-dev/belay/internal/wire"
 )
 
@@ -55,29 +56,12 @@ func EventsRoute(r *http.Request) bool {
 	return id != "" && tail == "events"
 }
 
-// WantsStream reports whether the request asks for an SSE stream (Accept:
-// text/event-stream or ?stream=1), as the handler decides.
-func WantsStream(r *http.Request) bool {
-	if v := r.URL.Query().Get("stream"); v == "1" || v == "true" {
-		return true
-	}
-	for _, accept := range r.Header.Values("Accept") {
-		for part := range strings.SplitSeq(accept, ",") {
-			mt, _, _ := strings.Cut(part, ";")
-			if strings.EqualFold(strings.TrimSpace(mt), "text/event-stream") {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // NoStreams answers an SSE request with 400 invalid naming the stream
 // route: a buffered integration would hold it until the function's
 // timeout and then lose it. Other requests go to h.
 func NoStreams(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if EventsRoute(r) && WantsStream(r) {
+		if EventsRoute(r) && httpapi.WantsStream(r) {
 			writeError(w, r, http.StatusBadRequest, belay.CodeInvalid,
 				"this route answers NDJSON; the SSE stream of a run's events is served by the streaming route of the same path")
 			return

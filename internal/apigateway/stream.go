@@ -68,8 +68,11 @@ func Streaming(h http.Handler, o StreamOptions) StreamingHandler {
 		}
 
 		// The handler's own context: cancelled by the client leaving
-		// (Close), or by the adapter's deadline (ended).
-		hctx, cancel := context.WithCancelCause(ctx)
+		// (Close), or by the adapter's deadline (ended). It is the
+		// request's, so it carries the API Gateway request context
+		// (core.GetAPIGatewayContextFromContext) as the buffered
+		// adapter's does: the request id, the IAM caller.
+		hctx, cancel := context.WithCancelCause(req.Context())
 		deadline := time.Time{}
 		if o.MaxDuration > 0 {
 			deadline = start.Add(o.MaxDuration)

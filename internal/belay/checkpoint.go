@@ -223,3 +223,19 @@ type CheckpointStore interface {
 	// or it is not at attempt r.From (another decider resumed it first).
 	ResumeRun(ctx context.Context, runID string, r Resume) (Run, error)
 }
+
+// CheckpointAllowed is RecordCheckpoint's condition on the run, the same on
+// every store: r takes checkpoint c only while it runs, at c's attempt,
+// and when c is newer than the one it points at. The conflict it returns
+// says which.
+func CheckpointAllowed(r Run, c CheckpointRef) error {
+	switch {
+	case r.Status != StatusRunning:
+		return Errorf(CodeConflict, "run %s is %s; it takes no checkpoints", r.ID, r.Status)
+	case r.Attempt != c.Attempt:
+		return Errorf(CodeConflict, "run %s is at attempt %d, not %d", r.ID, r.Attempt, c.Attempt)
+	case r.Checkpoint != nil && r.Checkpoint.Seq >= c.Seq:
+		return Errorf(CodeConflict, "run %s has checkpoint %d already; checkpoint %d is not newer", r.ID, r.Checkpoint.Seq, c.Seq)
+	}
+	return nil
+}

@@ -2,6 +2,7 @@ package belay
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/url"
 	"strings"
@@ -46,6 +47,40 @@ type SourceTree struct {
 type SourceBundle struct {
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
+}
+
+// SourceFetcher fetches a run's git source with the control plane's
+// credentials (never the sandbox's), under the repository limits of lim
+// (RepoMaxFiles, RepoMaxBytes; the reference ones where unset). The git
+// adapter implements it; the run-creation path depends only on this, so a
+// program that never fetches links no git code.
+type SourceFetcher interface {
+	FetchSource(ctx context.Context, src GitSource, lim Limits) (*FetchedSource, error)
+}
+
+// FetchedSource is a fetched git source: the ref and commit fetched, the
+// paths of the commit's tree (regular files and symbolic links, in git's
+// order), its size, and the bundle of its history, which Data opens until
+// Data.Close removes it.
+type FetchedSource struct {
+	Ref    string
+	Commit string
+	Paths  []string
+	Tree   SourceTree
+	Bundle SourceBundle
+	Data   interface {
+		OpenBundle() (io.ReadCloser, error)
+		Close() error
+	}
+}
+
+// RepoMaxBytes is lim's cap on a git source's bytes (and its bundle's),
+// the reference one where unset.
+func RepoMaxBytes(lim Limits) int64 {
+	if lim.RepoMaxBytes > 0 {
+		return lim.RepoMaxBytes
+	}
+	return DefaultRepoMaxBytes
 }
 
 // The reference repository limits (DESIGN.md "Repository events"): a

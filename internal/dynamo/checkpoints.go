@@ -60,7 +60,7 @@ func (s *Store) RecordCheckpoint(ctx context.Context, runID string, c belay.Chec
 			// A repeat of the write that set it.
 			return belay.CheckpointRef{}, nil
 		}
-		if err := checkpointConflict(m.run, c); err != nil {
+		if err := belay.CheckpointAllowed(m.run, c); err != nil {
 			return belay.CheckpointRef{}, err
 		}
 		return belay.CheckpointRef{}, fmt.Errorf("record checkpoint of run %s: condition failed on a run that allows it", runID)
@@ -73,20 +73,6 @@ func (s *Store) RecordCheckpoint(ctx context.Context, runID string, c belay.Chec
 		return belay.CheckpointRef{}, err
 	}
 	return *old.run.Checkpoint, nil
-}
-
-// checkpointConflict says why r does not take checkpoint c, as the
-// conflict RecordCheckpoint returns.
-func checkpointConflict(r belay.Run, c belay.CheckpointRef) error {
-	switch {
-	case r.Status != belay.StatusRunning:
-		return belay.Errorf(belay.CodeConflict, "run %s is %s; it takes no checkpoints", r.ID, r.Status)
-	case r.Attempt != c.Attempt:
-		return belay.Errorf(belay.CodeConflict, "run %s is at attempt %d, not %d", r.ID, r.Attempt, c.Attempt)
-	case r.Checkpoint != nil && r.Checkpoint.Seq >= c.Seq:
-		return belay.Errorf(belay.CodeConflict, "run %s has checkpoint %d already; checkpoint %d is not newer", r.ID, r.Checkpoint.Seq, c.Seq)
-	}
-	return nil
 }
 
 // ResumeRun moves the running run from attempt rs.From to the next and

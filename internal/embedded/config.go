@@ -128,7 +128,7 @@ type Config struct {
 	Storage StorageConfig
 	// Limits adds the operator's extensions and checks to the reference
 	// run limits.
-	Limits LimitsConfig
+	Limits belay.OperatorLimits
 	// Isolation is passed to the process launcher: "auto" (the default)
 	// or "none".
 	Isolation string
@@ -205,7 +205,7 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		SandboxDir:      get(EnvSandboxDir),
 		ScriptedModel:   get(EnvScriptedModel),
 		Storage:         storageConfigFromEnv(get),
-		Limits:          limitsConfigFromEnv(get),
+		Limits:          belay.ParseOperatorLimits(get(EnvExtensions), get(EnvChecks)),
 		Provider:        providerConfigFromEnv(get),
 		RepoEvents:      repoEventsConfigFromEnv(get),
 		SandboxEventLimits: belay.SandboxEventLimits{

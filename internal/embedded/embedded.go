@@ -115,7 +115,7 @@ func New(cfg Config) (*Main, error) {
 	if err := m.configureUpstream(&cfg); err != nil {
 		return nil, err
 	}
-	limits, err := cfg.Limits.runLimits(cfg.Model)
+	limits, err := runLimits(cfg.Limits, cfg.Model)
 	if err != nil {
 		return nil, err
 	}

@@ -122,6 +122,16 @@ func (f *Fetched) OpenBundle() (io.ReadCloser, error) { return os.Open(f.bundleP
 // Close removes the fetched repository and the bundle.
 func (f *Fetched) Close() error { return os.RemoveAll(f.dir) }
 
+// FetchSource is Fetch under lim's repository limits, as the run-creation
+// path asks for it (belay.SourceFetcher).
+func (c *Client) FetchSource(ctx context.Context, src belay.GitSource, lim belay.Limits) (*belay.FetchedSource, error) {
+	f, err := c.Fetch(ctx, src, LimitsOf(lim))
+	if err != nil {
+		return nil, err
+	}
+	return &belay.FetchedSource{Ref: f.Ref, Commit: f.Commit, Paths: f.Paths, Tree: f.Tree, Bundle: f.Bundle, Data: f}, nil
+}
+
 // Fetch fetches src with the credentials that match its URL. src.URL must
 // already have passed belay.CheckGitURL. With src.Commit set, exactly that
 // commit is fetched (by id where the server allows it, as GitHub does;

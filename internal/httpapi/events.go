@@ -37,7 +37,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if wantsStream(r) {
+	if WantsStream(r) {
 		if v := r.Header.Get("Last-Event-ID"); v != "" {
 			// A reconnecting EventSource sends where it stopped; that wins
 			// over the after it first connected with.
@@ -78,7 +78,10 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	_ = bw.Flush()
 }
 
-func wantsStream(r *http.Request) bool {
+// WantsStream reports whether a request for a run's events asks for an SSE
+// stream (Accept: text/event-stream, or ?stream=1) rather than NDJSON. The
+// Lambda adapter asks it too, to route a stream to the streaming function.
+func WantsStream(r *http.Request) bool {
 	if v := r.URL.Query().Get("stream"); v == "1" || v == "true" {
 		return true
 	}

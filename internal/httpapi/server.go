@@ -3,20 +3,16 @@ package httpapi
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base32"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/intake"
 	"github.com/belay-dev/belay/internal/token"
 	"github.com/belay-dev/belay/internal/upstream"
@@ -37,8 +33,8 @@ const (
 const MinControlTokenLen = 16
 
 // Config is what the handler needs. Store, Artifacts, Orchestrator, Signer,
-// Limits.Model, ControlTokens and Upstream (a Provider, or URL and Key) are
-// required; the rest have defaults.
+// Limits.Model, ControlTokens or PublicAuth, and Upstream (a Provider, or
+// URL and Key) are required; the rest have defaults.
 type Config struct {
 	Store     belay.Store
 	Artifacts belay.ArtifactStore
@@ -50,9 +46,14 @@ type Config struct {
 	Limits belay.Limits
 	// ControlTokens are the accepted control-plane bearer tokens, each at
 	// least MinControlTokenLen bytes; more than one lets an operator rotate
-	// without downtime.
+	// without downtime. They make the public routes' authentication
+	// ControlTokenAuth; set them or PublicAuth, not both.
 	ControlTokens []string
-	Upstream      Upstream
+	// PublicAuth, when set, authenticates the public routes instead of
+	// the control-plane tokens (the Lambda functions under
+	// BELAY_AUTH=sigv4 trust API Gateway's IAM check).
+	PublicAuth Authenticator
+	Upstream   Upstream
 	// Logger receives one line per request at debug level and every
 	// internal error at error level. Nil discards.
 	Logger *slog.Logger
@@ -86,7 +87,7 @@ type Config struct {
 	// plane fetches with Git and keeps the bundle in Sources, which the
 	// sandbox downloads (GET /internal/v1/runs/{id}/source). Without them
 	// a git source is refused.
-	Git     *gitsource.Client
+	Git     belay.SourceFetcher
 	Sources belay.SourceStore
 	// Webhooks, when set, serves POST /v1/webhooks/github (no bearer: the
 	// signature is the credential).
@@ -133,7 +134,7 @@ type Server struct {
 	orchestrator  belay.Orchestrator
 	signer        *token.Signer
 	limits        belay.Limits
-	controlHash   [][sha256.Size]byte
+	publicAuth    Authenticator
 	upstream      Upstream
 	provider      upstream.Provider
 	log           *slog.Logger
@@ -180,8 +181,10 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("httpapi: Config.Limits.Model is required")
 	case cfg.Limits.MaxBodyBytes <= 0:
 		return nil, errors.New("httpapi: Config.Limits.MaxBodyBytes must be positive (see belay.DefaultLimits)")
-	case len(cfg.ControlTokens) == 0:
-		return nil, errors.New("httpapi: at least one control-plane token is required")
+	case len(cfg.ControlTokens) == 0 && cfg.PublicAuth == nil:
+		return nil, errors.New("httpapi: at least one control-plane token (or a PublicAuth) is required")
+	case len(cfg.ControlTokens) > 0 && cfg.PublicAuth != nil:
+		return nil, errors.New("httpapi: set Config.ControlTokens or Config.PublicAuth, not both")
 	case cfg.Upstream.Provider == nil && cfg.Upstream.Key == nil:
 		return nil, errors.New("httpapi: Config.Upstream.Key (or Provider) is required")
 	}
@@ -222,11 +225,13 @@ func New(cfg Config) (*Server, error) {
 	if s.sandboxEvents.MaxBytes <= 0 {
 		s.sandboxEvents.MaxBytes = def.MaxBytes
 	}
-	for i, t := range cfg.ControlTokens {
-		if len(t) < MinControlTokenLen {
-			return nil, fmt.Errorf("httpapi: control-plane token %d is shorter than %d bytes", i, MinControlTokenLen)
+	s.publicAuth = cfg.PublicAuth
+	if s.publicAuth == nil {
+		auth, err := ControlTokenAuth(cfg.ControlTokens)
+		if err != nil {
+			return nil, fmt.Errorf("httpapi: %w", err)
 		}
-		s.controlHash = append(s.controlHash, sha256.Sum256([]byte(t)))
+		s.publicAuth = auth
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -328,8 +333,8 @@ func stateOf(r *http.Request) *requestState {
 	return &requestState{}
 }
 
-// serve wraps every route: request id, security headers, the control-plane
-// check on public routes, panic recovery and a debug log line.
+// serve wraps every route: request id, security headers, the public
+// routes' authentication, panic recovery and a debug log line.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, mux *http.ServeMux) {
 	start := time.Now()
 	st := &requestState{id: s.newID("req_")}
@@ -361,10 +366,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, mux *http.ServeMu
 			"path", r.URL.Path, "status", sw.status, "duration", time.Since(start))
 	}()
 
-	// A webhook has no bearer: its signature is checked by its handler.
-	if (r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/")) && !(s.webhooks != nil && r.URL.Path == wire.GitHubWebhookPath) {
-		if !s.controlAuthorized(r) {
-			s.writeError(sw, r, belay.Errorf(belay.CodeUnauthorized, "missing or invalid control-plane token"))
+	if s.needsPublicAuth(r) {
+		if err := s.authenticate(r); err != nil {
+			s.writeError(sw, r, err)
 			return
 		}
 	}
@@ -411,33 +415,6 @@ func (s *Server) Close(ctx context.Context) error {
 
 func (s *Server) handleNoRoute(w http.ResponseWriter, r *http.Request) {
 	s.writeError(w, r, belay.Errorf(belay.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path))
-}
-
-// controlAuthorized compares the bearer token with every configured control
-// token in constant time. Hashing first makes the compare independent of
-// the tokens' lengths too.
-func (s *Server) controlAuthorized(r *http.Request) bool {
-	tok, ok := bearer(r)
-	if !ok {
-		return false
-	}
-	got := sha256.Sum256([]byte(tok))
-	match := 0
-	for _, want := range s.controlHash {
-		match |= subtle.ConstantTimeCompare(got[:], want[:])
-	}
-	return match == 1
-}
-
-// bearer returns the token of an "Authorization: Bearer <token>" header.
-func bearer(r *http.Request) (string, bool) {
-	v := r.Header.Get("Authorization")
-	scheme, tok, ok := strings.Cut(v, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	tok = strings.TrimSpace(tok)
-	return tok, tok != ""
 }
 
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/belay"
-	"github.com/belay-dev/belay/internal/gitsource"
 )
 
 // Config is what a Service needs. Store, Orchestrator and NewID are
@@ -26,7 +25,7 @@ type Config struct {
 	Orchestrator belay.Orchestrator
 	// Git fetches git sources; Sources keeps their bundles. Without both,
 	// a request with a git source is refused.
-	Git     *gitsource.Client
+	Git     belay.SourceFetcher
 	Sources belay.SourceStore
 	Limits  belay.Limits
 	// NewID returns a fresh run id ("run_...").
@@ -114,17 +113,17 @@ func (s *Service) Create(ctx context.Context, r Request) (belay.Run, bool, error
 	}
 	log := s.log.With("run_id", id)
 
-	var fetched *gitsource.Fetched
+	var fetched *belay.FetchedSource
 	if g := req.GitSource(); g != nil {
 		if s.cfg.Git == nil {
 			return belay.Run{}, false, belay.FieldErrorf(belay.CodeInvalid, "source",
 				"this control plane does not fetch git sources; upload files instead")
 		}
-		fetched, err = s.cfg.Git.Fetch(ctx, *g, gitsource.LimitsOf(s.cfg.Limits))
+		fetched, err = s.cfg.Git.FetchSource(ctx, *g, s.cfg.Limits)
 		if err != nil {
 			return belay.Run{}, false, err
 		}
-		defer fetched.Close()
+		defer fetched.Data.Close()
 		if err := belay.CheckAllowedPathsInTree(req.AllowedPaths, fetched.Paths); err != nil {
 			return belay.Run{}, false, fmt.Errorf("in commit %s: %w", fetched.Commit, err)
 		}
@@ -182,13 +181,13 @@ func (s *Service) Create(ctx context.Context, r Request) (belay.Run, bool, error
 
 // storeBundle copies the fetched bundle into the source store and checks
 // it arrived whole.
-func (s *Service) storeBundle(ctx context.Context, runID string, f *gitsource.Fetched) error {
-	rc, err := f.OpenBundle()
+func (s *Service) storeBundle(ctx context.Context, runID string, f *belay.FetchedSource) error {
+	rc, err := f.Data.OpenBundle()
 	if err != nil {
 		return err
 	}
 	defer rc.Close()
-	got, err := s.cfg.Sources.PutSource(ctx, runID, rc, gitsource.LimitsOf(s.cfg.Limits).MaxBytes)
+	got, err := s.cfg.Sources.PutSource(ctx, runID, rc, belay.RepoMaxBytes(s.cfg.Limits))
 	if err != nil {
 		return err
 	}

@@ -27,8 +27,9 @@ type HTTPParts struct {
 	Orchestrator belay.Orchestrator
 	// Signer verifies run tokens: the functions serving internal routes.
 	Signer *token.Signer
-	// ControlTokens: the functions serving public routes.
-	ControlTokens []string
+	// PublicAuth authenticates the public routes: the functions serving
+	// them (Env.PublicAuth, after EnvAuth).
+	PublicAuth httpapi.Authenticator
 	// Provider: only modelproxy calls the model provider (and holds its
 	// key).
 	Provider upstream.Provider
@@ -61,8 +62,9 @@ func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 			return nil, err
 		}
 	}
-	if len(p.ControlTokens) == 0 {
-		p.ControlTokens = []string{hex.EncodeToString(randomKey())}
+	var controlTokens []string
+	if p.PublicAuth == nil {
+		controlTokens = []string{hex.EncodeToString(randomKey())}
 	}
 	up := httpapi.Upstream{
 		URL: placeholderUpstream,
@@ -89,7 +91,8 @@ func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 		Orchestrator:  p.Orchestrator,
 		Signer:        p.Signer,
 		Limits:        limits,
-		ControlTokens: p.ControlTokens,
+		ControlTokens: controlTokens,
+		PublicAuth:    p.PublicAuth,
 		Upstream:      up,
 		Logger:        p.Logger,
 		Presigner:     p.Presigner,

@@ -74,6 +74,12 @@ const (
 	// belay.DefaultSandboxEventLimits).
 	EnvSandboxEvents     = "BELAY_SANDBOX_EVENTS"
 	EnvSandboxEventBytes = "BELAY_SANDBOX_EVENT_BYTES"
+	// EnvExtensions and EnvChecks add to the run limits as for belay
+	// serve (belay.ParseOperatorLimits): more file extensions
+	// (".kt,.swift") and more allowlisted checks ("go test ./...;cargo
+	// test"). Every function that validates runs must get the same.
+	EnvExtensions = "BELAY_EXTENSIONS"
+	EnvChecks     = "BELAY_CHECKS"
 )
 
 // The direct variables for local runs and tests: a secret's value instead
@@ -319,18 +325,22 @@ func (e *Env) Model() (string, error) {
 	return e.Require(EnvModel, "name the one model runs may use")
 }
 
-// Limits returns the run-creation limits for EnvModel.
+// Limits returns the run-creation limits for EnvModel, with the
+// operator's additions from EnvExtensions and EnvChecks, read as belay
+// serve reads them.
 func (e *Env) Limits() (belay.Limits, error) {
 	model, err := e.Model()
 	if err != nil {
 		return belay.Limits{}, err
 	}
-	return belay.DefaultLimits(model), nil
+	return belay.ParseOperatorLimits(e.Get(EnvExtensions), e.Get(EnvChecks)).
+		Apply(belay.DefaultLimits(model), EnvExtensions, EnvChecks)
 }
 
-// secretSource is the Source of a secret given directly (direct) or by ARN
-// (arn); exactly one must be set.
-func (e *Env) secretSource(ctx context.Context, direct, arn, what string) (secrets.Source, error) {
+// SecretSource is the Source of a secret given directly (the variable
+// direct) or by ARN (the variable arn); exactly one must be set. what names
+// the secret in errors.
+func (e *Env) SecretSource(ctx context.Context, direct, arn, what string) (secrets.Source, error) {
 	v, id := e.Get(direct), e.Get(arn)
 	switch {
 	case v != "" && id != "":
@@ -347,9 +357,9 @@ func (e *Env) secretSource(ctx context.Context, direct, arn, what string) (secre
 	return nil, fmt.Errorf("neither %s nor %s is set: %s", arn, direct, what)
 }
 
-// fetch reads a secret once, at start.
-func (e *Env) fetch(ctx context.Context, direct, arn, what string) (string, error) {
-	src, err := e.secretSource(ctx, direct, arn, what)
+// Secret reads a secret (see SecretSource) once, at start.
+func (e *Env) Secret(ctx context.Context, direct, arn, what string) (string, error) {
+	src, err := e.SecretSource(ctx, direct, arn, what)
 	if err != nil {
 		return "", err
 	}
@@ -364,7 +374,7 @@ func (e *Env) fetch(ctx context.Context, direct, arn, what string) (string, erro
 // at EnvControlTokenSecretARN), read once at start. A secret may hold
 // several tokens, one a line, so an operator can rotate without downtime.
 func (e *Env) ControlTokens(ctx context.Context) ([]string, error) {
-	v, err := e.fetch(ctx, EnvToken, EnvControlTokenSecretARN, "the control-plane token")
+	v, err := e.Secret(ctx, EnvToken, EnvControlTokenSecretARN, "the control-plane token")
 	if err != nil {
 		return nil, err
 	}
@@ -384,7 +394,7 @@ func (e *Env) ControlTokens(ctx context.Context) ([]string, error) {
 // or the secret at EnvSigningKeySecretARN): hex, at least
 // token.MinSecretLen bytes.
 func (e *Env) Signer(ctx context.Context, now func() time.Time) (*token.Signer, error) {
-	v, err := e.fetch(ctx, EnvSigningKey, EnvSigningKeySecretARN, "the run-token signing key")
+	v, err := e.Secret(ctx, EnvSigningKey, EnvSigningKeySecretARN, "the run-token signing key")
 	if err != nil {
 		return nil, err
 	}
@@ -404,7 +414,7 @@ func (e *Env) ModelKey(ctx context.Context) (src secrets.Source, ok bool, err er
 	if e.Get(EnvModelAPIKey) == "" && e.Get(EnvModelAPIKeySecretARN) == "" {
 		return nil, false, nil
 	}
-	src, err = e.secretSource(ctx, EnvModelAPIKey, EnvModelAPIKeySecretARN, "the model provider's key")
+	src, err = e.SecretSource(ctx, EnvModelAPIKey, EnvModelAPIKeySecretARN, "the model provider's key")
 	return src, err == nil, err
 }
 

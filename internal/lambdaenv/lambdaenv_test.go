@@ -104,3 +104,54 @@ func TestLogger(t *testing.T) {
 		t.Fatalf("an info line at level warn: %s", buf.String())
 	}
 }
+
+func TestAuth(t *testing.T) {
+	for v, want := range map[string]string{"": lambdaenv.AuthToken, "token": lambdaenv.AuthToken, "sigv4": lambdaenv.AuthSigV4, " sigv4 ": lambdaenv.AuthSigV4} {
+		if got, err := envOf(map[string]string{lambdaenv.EnvAuth: v}).Auth(); err != nil || got != want {
+			t.Errorf("Auth(%q) = %q, %v; want %q", v, got, err, want)
+		}
+	}
+	for _, bad := range []string{"iam", "SIGV4", "none"} {
+		_, err := envOf(map[string]string{lambdaenv.EnvAuth: bad}).Auth()
+		if err == nil || !strings.Contains(err.Error(), "BELAY_AUTH is \""+bad+"\"") || !strings.Contains(err.Error(), `"token"`) || !strings.Contains(err.Error(), `"sigv4"`) {
+			t.Errorf("Auth(%q) = %v, want an error naming the variable, the value and both allowed values", bad, err)
+		}
+	}
+}
+
+// Under sigv4 no control-plane token is read (none need be set); under
+// token one is required, as before.
+func TestPublicAuthReadsTheTokenOnlyUnderTokenAuth(t *testing.T) {
+	var logs bytes.Buffer
+	log := envOf(nil).Logger(&logs)
+	if _, err := envOf(map[string]string{lambdaenv.EnvAuth: "sigv4"}).PublicAuth(t.Context(), log); err != nil {
+		t.Fatalf("sigv4 without a token: %v", err)
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("sigv4 without a token logged %s", logs.String())
+	}
+	if _, err := envOf(map[string]string{lambdaenv.EnvAuth: "sigv4", lambdaenv.EnvToken: "a-control-token-of-enough-length"}).PublicAuth(t.Context(), log); err != nil {
+		t.Fatalf("sigv4 with a leftover token: %v", err)
+	}
+	if !strings.Contains(logs.String(), "BELAY_TOKEN is set, but BELAY_AUTH=sigv4") || strings.Contains(logs.String(), "a-control-token-of-enough-length") {
+		t.Fatalf("the leftover token's warning: %s", logs.String())
+	}
+	if _, err := envOf(nil).PublicAuth(t.Context(), log); err == nil || !strings.Contains(err.Error(), "neither BELAY_CONTROL_TOKEN_SECRET_ARN nor BELAY_TOKEN") {
+		t.Fatalf("token auth without a token: %v, want the control token's error", err)
+	}
+}
+
+// The functions add the operator's extensions and checks as belay serve
+// does, and name the variable of a bad one.
+func TestLimitsTakeTheOperatorsAdditions(t *testing.T) {
+	lim, err := envOf(map[string]string{lambdaenv.EnvModel: "m", lambdaenv.EnvExtensions: ".kt", lambdaenv.EnvChecks: "go test ./..."}).Limits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lim.ExtensionAllowed("Main.kt") || strings.Join(lim.AllowedChecks[len(lim.AllowedChecks)-1], " ") != "go test ./..." {
+		t.Fatalf("limits %v / %q: want .kt and go test added", lim.Extensions, lim.AllowedChecks)
+	}
+	if _, err := envOf(map[string]string{lambdaenv.EnvModel: "m", lambdaenv.EnvExtensions: "kt"}).Limits(); err == nil || !strings.Contains(err.Error(), `BELAY_EXTENSIONS "kt" is not an extension`) {
+		t.Fatalf("a bad extension: %v", err)
+	}
+}

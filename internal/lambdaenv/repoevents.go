@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -12,8 +11,6 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/eventbridge"
-	"github.com/belay-dev/belay/internal/github"
-	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/secrets"
 	"github.com/belay-dev/belay/internal/triggers"
 )
@@ -63,12 +60,14 @@ func (e *Env) EventBus(ctx context.Context) (*eventbridge.Bus, error) {
 	return eventbridge.New(c, name), nil
 }
 
-// NotifyingStore wraps store so that every run state it writes is put on
-// the bus as a run status event, when EnvEventBus is set; otherwise it
-// returns store as it is.
-func (e *Env) NotifyingStore(ctx context.Context, store belay.Store, log *slog.Logger) (belay.Store, error) {
-	if e.Get(EnvEventBus) == "" {
-		return store, nil
+// RunStore returns the store of a function that moves runs from state to
+// state (api, steps, cleanup, dispatcher): the DynamoDB store on EnvTable,
+// which, when EnvEventBus is set, also puts each run state it writes on
+// the bus as a run status event.
+func (e *Env) RunStore(ctx context.Context, log *slog.Logger) (belay.Store, error) {
+	store, err := e.Store(ctx, log)
+	if err != nil || e.Get(EnvEventBus) == "" {
+		return store, err
 	}
 	bus, err := e.EventBus(ctx)
 	if err != nil {
@@ -97,69 +96,32 @@ func (e *Env) RepoLimits() (belay.Limits, error) {
 	return lim, nil
 }
 
-// Triggers parses EnvTriggers (required) against lim.
-func (e *Env) Triggers(lim belay.Limits) (*triggers.Config, error) {
+// Triggers parses EnvTriggers (required) against the run limits with the
+// repository limits (RepoLimits), and returns those limits too: the
+// webhook and the dispatcher judge repository events by the same.
+func (e *Env) Triggers() (*triggers.Config, belay.Limits, error) {
+	lim, err := e.RepoLimits()
+	if err != nil {
+		return nil, belay.Limits{}, err
+	}
 	v, err := e.Require(EnvTriggers, "give the triggers file's JSON")
 	if err != nil {
-		return nil, err
+		return nil, belay.Limits{}, err
 	}
-	lim.GitURLs = triggers.OperatorGitURLs
-	c, err := triggers.Parse(strings.NewReader(v), lim)
+	trigLim := lim
+	trigLim.GitURLs = triggers.OperatorGitURLs
+	c, err := triggers.Parse(strings.NewReader(v), trigLim)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", EnvTriggers, err)
+		return nil, belay.Limits{}, fmt.Errorf("%s: %w", EnvTriggers, err)
 	}
-	return c, nil
+	return c, lim, nil
 }
 
 // WebhookSecret returns GitHub's webhook secret, cached (required).
 func (e *Env) WebhookSecret(ctx context.Context) (func(context.Context) (string, error), error) {
-	src, err := e.secretSource(ctx, EnvWebhookSecret, EnvWebhookSecretARN, "GitHub's webhook secret")
+	src, err := e.SecretSource(ctx, EnvWebhookSecret, EnvWebhookSecretARN, "GitHub's webhook secret")
 	if err != nil {
 		return nil, err
 	}
 	return secrets.NewCache(src, 0, nil).Get, nil
-}
-
-// GitCredentials returns the git credentials (optional: none when neither
-// variable is set), read once.
-func (e *Env) GitCredentials(ctx context.Context) (*gitsource.Credentials, error) {
-	if e.Get(EnvGitCredentials) == "" && e.Get(EnvGitCredentialsSecretARN) == "" {
-		return &gitsource.Credentials{}, nil
-	}
-	v, err := e.fetch(ctx, EnvGitCredentials, EnvGitCredentialsSecretARN, "the git credentials")
-	if err != nil {
-		return nil, err
-	}
-	c, err := gitsource.ParseCredentials(strings.NewReader(v))
-	if err != nil {
-		return nil, fmt.Errorf("the git credentials (%s or %s): %w", EnvGitCredentials, EnvGitCredentialsSecretARN, err)
-	}
-	return c, nil
-}
-
-// GitHub returns the REST client of the safe outputs: EnvGitHubAPIURL,
-// with EnvGitHubToken (or its secret) or else the git credential for the
-// repository's URL on the API's host.
-func (e *Env) GitHub(ctx context.Context, creds *gitsource.Credentials) (*github.Client, error) {
-	api := e.Get(EnvGitHubAPIURL)
-	var tok *secrets.Cache
-	if e.Get(EnvGitHubToken) != "" || e.Get(EnvGitHubTokenSecretARN) != "" {
-		src, err := e.secretSource(ctx, EnvGitHubToken, EnvGitHubTokenSecretARN, "the GitHub token")
-		if err != nil {
-			return nil, err
-		}
-		tok = secrets.NewCache(src, 0, nil)
-	}
-	host := "github.com"
-	if u, err := url.Parse(api); err == nil && api != "" && u.Host != "api.github.com" {
-		host = u.Host
-	}
-	return github.NewClient(api, nil, func(repository string) (string, bool) {
-		if tok != nil {
-			t, err := tok.Get(context.Background())
-			return t, err == nil && t != ""
-		}
-		_, t, ok := creds.For("https://" + host + "/" + repository + ".git")
-		return t, ok
-	})
 }

@@ -30,7 +30,7 @@ func (s *Store) RecordCheckpoint(ctx context.Context, runID string, c belay.Chec
 		if r.Checkpoint != nil && r.Checkpoint.Seq == c.Seq && r.Checkpoint.Attempt == c.Attempt {
 			return nil
 		}
-		if err := checkpointAllowed(r, c); err != nil {
+		if err := belay.CheckpointAllowed(r, c); err != nil {
 			return err
 		}
 		if r.Checkpoint != nil {
@@ -44,19 +44,6 @@ func (s *Store) RecordCheckpoint(ctx context.Context, runID string, c belay.Chec
 		return belay.CheckpointRef{}, wrap("record checkpoint of run "+runID, err)
 	}
 	return previous, nil
-}
-
-// checkpointAllowed is RecordCheckpoint's condition on the run.
-func checkpointAllowed(r belay.Run, c belay.CheckpointRef) error {
-	switch {
-	case r.Status != belay.StatusRunning:
-		return belay.Errorf(belay.CodeConflict, "run %s is %s; it takes no checkpoints", r.ID, r.Status)
-	case r.Attempt != c.Attempt:
-		return belay.Errorf(belay.CodeConflict, "run %s is at attempt %d, not %d", r.ID, r.Attempt, c.Attempt)
-	case r.Checkpoint != nil && r.Checkpoint.Seq >= c.Seq:
-		return belay.Errorf(belay.CodeConflict, "run %s has checkpoint %d already; checkpoint %d is not newer", r.ID, r.Checkpoint.Seq, c.Seq)
-	}
-	return nil
 }
 
 // ResumeRun moves the running run from attempt r.From to the next and
