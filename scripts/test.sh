@@ -22,9 +22,11 @@ mode=${1:-test}
 mkdir -p .peers
 BELAY_PEERS_DIR=$(mktemp -d "$root/.peers/run.XXXXXX")
 export BELAY_PEERS_DIR
+image_cache=""
 cleanup() {
 	scripts/peers.sh stop || true
 	rm -rf "$BELAY_PEERS_DIR"
+	[[ -z $image_cache ]] || rm -rf "$image_cache"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -46,8 +48,13 @@ else
 	start=$(date +%s)
 	if image_digest=$(scripts/image.sh "$image_dir/belay-sandbox.oci.tar"); then
 		export BELAY_TEST_SANDBOX_IMAGE=$image_dir/belay-sandbox.oci.tar
-		export BELAY_TEST_SANDBOX_CACHE=$image_dir/cache
-		mkdir -m 0700 "$BELAY_TEST_SANDBOX_CACHE"
+		# Each sandbox's user namespace root (an unprivileged host id)
+		# mounts the image from the cache, so every folder above it must
+		# be searchable by others; the checkout (and $BELAY_PEERS_DIR,
+		# 0700) may not be: the cache lives in /tmp, root's, 0711.
+		image_cache=$(mktemp -d /tmp/belay-image-cache.XXXXXX)
+		chmod 0711 "$image_cache"
+		export BELAY_TEST_SANDBOX_CACHE=$image_cache/images
 		echo "test: BELAY_TEST_SANDBOX_IMAGE=$BELAY_TEST_SANDBOX_IMAGE ($image_digest, built in $(($(date +%s) - start)) s)"
 	else
 		echo "test: building the sandbox image failed" >&2

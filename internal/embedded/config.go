@@ -60,9 +60,11 @@ const (
 	databaseFile   = "belay.db"
 	artifactsDir   = "artifacts"
 	sandboxesDir   = "sandboxes"
-	// ociDir holds the OCI launcher's state: runc's, and the unpacked
-	// images (images/).
+	// ociDir holds the OCI launcher's state: runc's (0700: a container's
+	// state holds its environment).
 	ociDir = "oci"
+	// imagesDir holds the OCI launcher's unpacked images.
+	imagesDir = "images"
 )
 
 // Where `belay serve` keeps its data as root when BELAY_DATA_DIR is not
@@ -77,6 +79,11 @@ const (
 	// reach their own workspace and nothing else, below folders only
 	// root can write.
 	DefaultRootSandboxDir = localsandbox.DefaultRootWorkRoot
+	// DefaultRootImageCache holds the OCI launcher's unpacked images for a
+	// data directory at DefaultRootDataDir: a cache (made again from the
+	// image when gone), root's, 0711, which each sandbox's user namespace
+	// root passes through to mount its image.
+	DefaultRootImageCache = "/var/cache/belay/images"
 )
 
 // Config is the embedded control plane's configuration: what `belay serve`
@@ -136,7 +143,10 @@ type Config struct {
 	// when empty, SandboxImageName beside the running executable.
 	SandboxImage string
 	// ImageCache is where the OCI launcher unpacks images, one folder per
-	// digest; <DataDir>/oci/images when empty. Tests share one.
+	// digest; when empty, DefaultRootImageCache for the data directory
+	// DefaultRootDataDir, else <DataDir>/images (and the data directory
+	// is then 0711 as root: each sandbox's user namespace root passes
+	// through it). Tests share one.
 	ImageCache string
 	// EventBufferSize is how many events each run keeps; the store's
 	// default when zero.

@@ -158,10 +158,22 @@ func New(cfg Config) (*Main, error) {
 	if cfg.SandboxDir, err = filepath.Abs(cfg.SandboxDir); err != nil {
 		return nil, fmt.Errorf("%s (--sandbox-dir): %w", EnvSandboxDir, err)
 	}
+	if cfg.ImageCache == "" && m.launcher.kind == LauncherOCI {
+		cfg.ImageCache = filepath.Join(cfg.DataDir, imagesDir)
+		if cfg.DataDir == DefaultRootDataDir {
+			// Root's defaults: the data directory stays owner-only, the
+			// unpacked images are a cache beside it.
+			cfg.ImageCache = DefaultRootImageCache
+		}
+	}
 	perm := os.FileMode(0o700)
 	// The process launcher's sandbox uids pass through the data directory
-	// to their workspaces; the OCI launcher mounts them instead.
-	if m.launcher.kind == LauncherProcess && os.Geteuid() == 0 && strings.HasPrefix(cfg.SandboxDir, cfg.DataDir+string(filepath.Separator)) {
+	// to their workspaces; the OCI launcher mounts those (runc opens them
+	// as root), but each sandbox's user namespace root, an unprivileged
+	// host id, passes through it to the image it mounts. Searching, not
+	// listing: everything in it is owner-only.
+	inside := func(dir string) bool { return strings.HasPrefix(dir, cfg.DataDir+string(filepath.Separator)) }
+	if os.Geteuid() == 0 && (m.launcher.kind == LauncherProcess && inside(cfg.SandboxDir) || m.launcher.kind == LauncherOCI && inside(cfg.ImageCache)) {
 		perm = 0o711
 	}
 	if err := prepareDataDir(cfg.DataDir, perm); err != nil {

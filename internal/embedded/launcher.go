@@ -197,13 +197,9 @@ type isolatingLauncher interface {
 func (m *Main) newLauncher(internal http.Handler) (isolatingLauncher, func() error, error) {
 	switch m.launcher.kind {
 	case LauncherOCI:
-		cache := m.cfg.ImageCache
-		if cache == "" {
-			cache = filepath.Join(m.cfg.DataDir, ociDir, "images")
-		}
 		l, err := ocisandbox.New(ocisandbox.Config{
 			Image:      m.launcher.image,
-			ImageCache: cache,
+			ImageCache: m.cfg.ImageCache,
 			StateDir:   filepath.Join(m.cfg.DataDir, ociDir),
 			WorkRoot:   m.cfg.SandboxDir,
 			Internal:   internal,

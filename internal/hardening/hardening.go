@@ -48,12 +48,14 @@ type Profile struct {
 	// MemoryMiB is the hard memory limit: past it the kernel kills the
 	// sandbox (OOM).
 	MemoryMiB int
-	// Processes caps the sandbox's processes and threads: the pids cgroup
-	// under runc (one per sandbox), and the nproc ulimit on Fargate (a
-	// task is a machine of its own there). Under runc every sandbox runs
-	// as the same uid, and the nproc rlimit counts a uid's processes
-	// across the machine, so it is not set there: one sandbox's fork bomb
-	// would stop the others' forks.
+	// Processes caps the sandbox's processes and threads: the nproc
+	// ulimit on Fargate (a task is a machine of its own there) and under
+	// runc, where it holds as well as the pids cgroup (one per sandbox):
+	// the nproc rlimit counts a uid's processes across the machine, and
+	// each sandbox's user namespace maps its user to a host uid of its
+	// own, so it counts that sandbox's alone. The entry keeps a reserve of
+	// it that the commands it runs cannot take, so a fork bomb stops
+	// before the entry can no longer start a thread.
 	Processes int
 	// OpenFiles caps open file descriptors per process (nofile).
 	OpenFiles int

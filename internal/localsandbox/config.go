@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/belay-dev/belay/internal/hardening"
+	"github.com/belay-dev/belay/internal/hostids"
 )
 
 // Isolation modes for Config.Isolation.
@@ -19,6 +20,13 @@ const (
 	// nothing else is available.
 	IsolationNone = "none"
 )
+
+// DefaultLeaseDir is where every launcher on the host leases sandbox uids
+// and gids (hostids.DefaultDir): one lock file per id, held with flock for
+// as long as a sandbox runs under that id and its files exist, so two
+// belay processes (or two launchers in one) never hand the same id to two
+// sandboxes at once.
+const DefaultLeaseDir = hostids.DefaultDir
 
 // DefaultSandboxID is the first uid and gid sandboxes run as when belay
 // runs as root. It needs no passwd entry: nothing in the sandbox looks it

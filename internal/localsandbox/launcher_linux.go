@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/hardening"
+	"github.com/belay-dev/belay/internal/hostids"
 	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
@@ -188,8 +189,8 @@ func New(cfg Config) (*Launcher, error) {
 	}
 	if l.tier.dropsUID {
 		l.leaseDir = DefaultLeaseDir
-		if err := prepareLeaseDir(l.leaseDir); err != nil {
-			return nil, err
+		if err := hostids.PrepareDir(l.leaseDir); err != nil {
+			return nil, fmt.Errorf("localsandbox: %w", err)
 		}
 	}
 	l.tier = l.withExtras(l.tier, cfg.Limits)

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/hostids"
 	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
@@ -46,7 +47,7 @@ type Sandbox struct {
 	now   func() time.Time
 	owner int // the uid its output files must belong to
 	// lease, when set, holds the sandbox's own uid and gid host-wide.
-	lease *idLease
+	lease *hostids.Lease
 	out   *tailBuffer
 
 	srv *http.Server
@@ -119,11 +120,11 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 	}
 	uid, gid := l.uid, l.gid
 	if l.tier.dropsUID {
-		lease, err := l.acquireIDs(ws)
+		lease, err := hostids.Acquire(l.leaseDir, hostids.Range{FirstUID: l.uid, FirstGID: l.gid, Slots: l.ids}, ws)
 		if err != nil {
 			return nil, fmt.Errorf("launch sandbox for run %s: %w", spec.RunID, err)
 		}
-		uid, gid = lease.uid, lease.gid
+		uid, gid = lease.UID, lease.GID
 		s.owner = uid
 		s.lease = lease
 	}
@@ -138,7 +139,7 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 			return
 		}
 		if s.lease != nil {
-			s.lease.release()
+			s.lease.Release()
 		}
 	}()
 
@@ -389,7 +390,7 @@ func (s *Sandbox) Cleanup() error {
 	// The uid is free again only once nothing of the sandbox is left:
 	// its processes reaped, its files removed.
 	if reaped && s.lease != nil {
-		s.lease.release()
+		s.lease.Release()
 	}
 	s.log.Info("sandbox cleaned up")
 	return nil

@@ -228,9 +228,10 @@ func (img *Image) Unpack(cacheDir string) (string, error) {
 	if err := os.WriteFile(filepath.Join(tmp, rootfsComplete), []byte(img.Digest+"\n"), 0o644); err != nil {
 		return "", fmt.Errorf("unpack sandbox image: %w", err)
 	}
-	// The folder above the root is root's alone: nothing but the launcher
-	// reaches the tree except through a container's read-only mount.
-	if err := os.Chmod(tmp, 0o700); err != nil {
+	// The folder above the root is root's and only searchable by others:
+	// each sandbox's user namespace root (an unprivileged host id) passes
+	// through it to mount the tree read-only; nobody can list it.
+	if err := os.Chmod(tmp, 0o711); err != nil {
 		return "", fmt.Errorf("unpack sandbox image: %w", err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {

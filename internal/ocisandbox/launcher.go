@@ -25,10 +25,27 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/hardening"
+	"github.com/belay-dev/belay/internal/hostids"
 )
 
 // DefaultRuntime is the OCI runtime the launcher runs, looked up on PATH.
 const DefaultRuntime = "runc"
+
+// The host ids the sandboxes' user namespaces map to, by default: each
+// sandbox leases a block of two (its root and its user) from
+// DefaultFirstHostID, at most DefaultHostIDSlots sandboxes at once. The
+// range lies above the subordinate ids useradd hands out by default
+// (/etc/subuid, up to 600100000) and systemd's container range (up to
+// 1879048191), below 2^31, and far from the process launcher's uids
+// (localsandbox.DefaultSandboxID): 1879048192–1879048703.
+const (
+	DefaultFirstHostID = 1879048192
+	DefaultHostIDSlots = 256
+)
+
+// hostIDsPerSandbox is how many host ids a sandbox's user namespace maps:
+// its root and its user.
+const hostIDsPerSandbox = 2
 
 // runtimeTimeout bounds one runc command other than run (kill, delete,
 // list, --version).
@@ -40,7 +57,10 @@ type Config struct {
 	// bin/belay-sandbox.oci.tar).
 	Image string
 	// ImageCache holds the unpacked images, one folder per image digest;
-	// created (0700, root's) when absent.
+	// created (0711, root's) when absent. Every sandbox's user namespace
+	// root (an unprivileged host id) mounts the image from there, so it
+	// and every folder above it must be searchable by others (x, not
+	// r): New says which one is not.
 	ImageCache string
 	// StateDir holds runc's state of this launcher's containers and the
 	// lock that keeps a second launcher away; created (0700) when absent.
@@ -54,6 +74,12 @@ type Config struct {
 	Internal http.Handler
 	// Runtime is the runc binary; DefaultRuntime on PATH when empty.
 	Runtime string
+	// FirstHostID and HostIDSlots are the host ids the sandboxes' user
+	// namespaces map to: HostIDSlots blocks of two uids (and the same
+	// gids) from FirstHostID, leased host-wide (hostids.DefaultDir) as
+	// the process launcher leases its uids. Zero means DefaultFirstHostID
+	// and DefaultHostIDSlots.
+	FirstHostID, HostIDSlots int
 	// Profile is the hardening profile; hardening.Sandbox when nil.
 	Profile *hardening.Profile
 	// Logger receives one line per sandbox lifecycle step, with run_id;
@@ -74,6 +100,9 @@ type Launcher struct {
 	rootfs   string
 	image    *Image
 	profile  hardening.Profile
+	ids      hostids.Range
+	leaseDir string
+	peerUID  int      // how belay's uid shows inside a sandbox's user namespace
 	env      []string // the image's environment with HOME
 	internal http.Handler
 	log      *slog.Logger
@@ -99,6 +128,13 @@ func New(cfg Config) (*Launcher, error) {
 	if cfg.Profile != nil {
 		l.profile = *cfg.Profile
 	}
+	l.ids = hostids.Range{FirstUID: cfg.FirstHostID, FirstGID: cfg.FirstHostID, Slots: cfg.HostIDSlots, Width: hostIDsPerSandbox}
+	if l.ids.FirstUID == 0 {
+		l.ids.FirstUID, l.ids.FirstGID = DefaultFirstHostID, DefaultFirstHostID
+	}
+	if l.ids.Slots == 0 {
+		l.ids.Slots = DefaultHostIDSlots
+	}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -118,6 +154,18 @@ func New(cfg Config) (*Launcher, error) {
 	case os.Geteuid() != 0:
 		return nil, fmt.Errorf("the OCI launcher needs root: runc makes each sandbox's namespaces, mounts and cgroups (this process runs as uid %d)", os.Geteuid())
 	}
+	if err := l.ids.Check(); err != nil {
+		return nil, fmt.Errorf("ocisandbox: %w", err)
+	}
+	overflow, err := overflowUID()
+	if err != nil {
+		return nil, err
+	}
+	l.peerUID = overflow
+	l.leaseDir = hostids.DefaultDir
+	if err := hostids.PrepareDir(l.leaseDir); err != nil {
+		return nil, fmt.Errorf("ocisandbox: %w", err)
+	}
 	rt, err := FindRuntime(cfg.Runtime)
 	if err != nil {
 		return nil, err
@@ -132,8 +180,14 @@ func New(cfg Config) (*Launcher, error) {
 	}
 	l.image = img
 
-	for _, d := range []*string{&cfg.ImageCache, &cfg.StateDir, &cfg.WorkRoot} {
-		if *d, err = rootOnlyDir(*d); err != nil {
+	if cfg.ImageCache, err = rootOnlyDir(cfg.ImageCache, 0o711); err != nil {
+		return nil, err
+	}
+	if err := searchableAbove(cfg.ImageCache); err != nil {
+		return nil, err
+	}
+	for _, d := range []*string{&cfg.StateDir, &cfg.WorkRoot} {
+		if *d, err = rootOnlyDir(*d, 0o700); err != nil {
 			return nil, err
 		}
 	}
@@ -160,6 +214,9 @@ func New(cfg Config) (*Launcher, error) {
 
 	start := l.now()
 	if l.rootfs, err = img.Unpack(cfg.ImageCache); err != nil {
+		return nil, err
+	}
+	if err := searchableDown(cfg.ImageCache, l.rootfs); err != nil {
 		return nil, err
 	}
 	if err := prepareMountPoints(l.rootfs, l.profile); err != nil {
@@ -217,11 +274,13 @@ func (l *Launcher) Isolation() []string {
 	return []string{
 		fmt.Sprintf("the sandbox image %s (%s) under %s", l.image.Digest, l.image.Config.Architecture, l.version),
 		fmt.Sprintf("the entry as uid:gid %d:%d with no capabilities and no_new_privs, started as the Fargate task starts it (the image's entrypoint, claim mode)", p.UID, p.GID),
+		fmt.Sprintf("a user namespace of its own: its root and its user are host ids of its own, leased host-wide (%s) from %d (%d sandboxes at most), so no other sandbox on this machine, of this belay or another, runs as them; an id that still owns a process, or files in a workspace left behind, is skipped",
+			l.leaseDir, l.ids.FirstUID, l.ids.Slots),
 		fmt.Sprintf("read-only root file system; writable only %s (the sandbox's own) and private tmpfs %s (%d MiB each), gone with the sandbox",
 			p.WorkspaceDir, strings.Join(tmps, ", "), p.TmpSizeMiB),
-		"new PID, mount, network (loopback only), IPC, UTS and cgroup namespaces; its own /proc; kernel paths masked or read-only",
+		"new user, PID, mount, network (loopback only), IPC, UTS and cgroup namespaces; its own /proc; kernel paths masked or read-only",
 		"Docker's default seccomp profile (unshare, mount, keyctl, bpf and the like refused)",
-		fmt.Sprintf("limits: memory %d MiB (no swap, an OOM kill is reported), %.2g vCPU, %d processes, %d open files, files up to %d MiB",
+		fmt.Sprintf("limits: memory %d MiB (no swap, an OOM kill is reported), %.2g vCPU, %d processes (pids cgroup and nproc), %d open files, files up to %d MiB",
 			p.MemoryMiB, float64(p.CPUUnits)/fargateCPUUnitsPerVCPU, p.Processes, p.OpenFiles, p.FileSizeMiB),
 		"the control plane only through " + APISocketPath + " (root's, mounted read-only); no host socket or file system is visible",
 	}
@@ -297,9 +356,10 @@ func (l *Launcher) sweep() {
 	}
 }
 
-// rootOnlyDir makes dir (0700) when absent and checks that it is root's
-// and writable by nobody else; it returns its absolute, resolved path.
-func rootOnlyDir(dir string) (string, error) {
+// rootOnlyDir makes dir (with mode perm) when absent and checks that it is
+// root's and writable by nobody else; it returns its absolute, resolved
+// path.
+func rootOnlyDir(dir string, perm os.FileMode) (string, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return "", fmt.Errorf("ocisandbox: %s: %w", dir, err)
@@ -308,7 +368,7 @@ func rootOnlyDir(dir string) (string, error) {
 		if err := os.MkdirAll(abs, 0o700); err != nil {
 			return "", fmt.Errorf("ocisandbox: create %s: %w", abs, err)
 		}
-		if err := os.Chmod(abs, 0o700); err != nil {
+		if err := os.Chmod(abs, perm); err != nil {
 			return "", fmt.Errorf("ocisandbox: %w", err)
 		}
 	}
@@ -330,6 +390,57 @@ func rootOnlyDir(dir string) (string, error) {
 		return "", fmt.Errorf("ocisandbox: %s has mode %04o; it must not be writable by group or others", real, fi.Mode().Perm())
 	}
 	return real, nil
+}
+
+// searchableAbove checks that every folder above the image cache lets
+// others search it: each sandbox's user namespace root, an unprivileged
+// host id that runc's setup runs as, passes through them to mount the
+// image. (The workspace and the socket folder need no such path: runc
+// opens bind mount sources as root, before it enters the user namespace.)
+func searchableAbove(cache string) error {
+	for d := filepath.Dir(cache); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("ocisandbox: %w", err)
+		}
+		if perm := fi.Mode().Perm(); perm&0o001 == 0 {
+			return fmt.Errorf("ocisandbox: each sandbox's user namespace root (an unprivileged host id) must reach the sandbox image in %s, and %s (mode %04o) does not let others search it: allow it (chmod o+x %s) or unpack the image below folders that do", cache, d, perm, d)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}
+
+// searchableDown makes the launcher's folders from the cache down to the
+// image's root searchable (not readable) by others, as searchableAbove
+// says why; a cache unpacked before user namespaces has them 0700.
+func searchableDown(cache, rootfs string) error {
+	for d := filepath.Dir(rootfs); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("ocisandbox: %w", err)
+		}
+		if perm := fi.Mode().Perm(); perm&0o011 != 0o011 {
+			if err := os.Chmod(d, perm|0o011); err != nil {
+				return fmt.Errorf("ocisandbox: %w", err)
+			}
+		}
+		if d == cache || d == "/" {
+			return nil
+		}
+	}
+}
+
+// overflowUID is the uid a process in a user namespace sees for a host uid
+// its namespace does not map (nobody): belay's own uid, as the entry sees
+// its socket peer.
+func overflowUID() (int, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/overflowuid")
+	if err != nil {
+		return 0, fmt.Errorf("ocisandbox: read the overflow uid: %w", err)
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
 
 // lockDir takes an exclusive lock on dir/lock, or says who has it.
@@ -363,6 +474,13 @@ func prepareMountPoints(rootfs string, p hardening.Profile) error {
 			continue // inside the /dev tmpfs
 		}
 		if err := root.MkdirAll(rel, 0o755); err != nil {
+			return fmt.Errorf("ocisandbox: mount point %s in the image: %w", d, err)
+		}
+		// A mount point of the image's user (the workspace) would be a
+		// folder in the shared tree that uid writes: on this host that
+		// uid is nobody's in particular (sandboxes run as leased ids), so
+		// it goes to root; the mount covers it anyway.
+		if err := root.Lchown(rel, 0, 0); err != nil {
 			return fmt.Errorf("ocisandbox: mount point %s in the image: %w", d, err)
 		}
 	}

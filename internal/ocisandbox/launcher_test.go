@@ -21,17 +21,25 @@ import (
 // with 204, in folders of the test's own.
 func newLauncher(t *testing.T, p *hardening.Profile) *ocisandbox.Launcher {
 	t.Helper()
+	return newLauncherWith(t, func(c *ocisandbox.Config) { c.Profile = p })
+}
+
+// newLauncherWith starts a launcher as newLauncher does, with change
+// applied to its configuration.
+func newLauncherWith(t *testing.T, change func(*ocisandbox.Config)) *ocisandbox.Launcher {
+	t.Helper()
 	img := ocisandboxtest.Image(t)
 	dir := t.TempDir()
-	l, err := ocisandbox.New(ocisandbox.Config{
+	cfg := ocisandbox.Config{
 		Image:      img,
 		ImageCache: ocisandboxtest.Cache(t),
 		StateDir:   filepath.Join(dir, "state"),
 		WorkRoot:   filepath.Join(dir, "sandboxes"),
 		Internal:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }),
-		Profile:    p,
 		Logger:     slog.New(slog.NewTextHandler(testWriter{t}, nil)),
-	})
+	}
+	change(&cfg)
+	l, err := ocisandbox.New(cfg)
 	if err != nil {
 		t.Fatalf("ocisandbox.New: %v", err)
 	}
@@ -264,5 +272,27 @@ func TestOneLauncherPerStateDir(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Dir(s.Workspace())); !os.IsNotExist(err) {
 		t.Errorf("the folder left behind is still there: %v", err)
+	}
+}
+
+// TestImageCacheMustBeReachable: below a folder others cannot search
+// (t.TempDir's are 0700), the sandboxes' user namespace root could not
+// mount the image; New refuses at once and names the folder.
+func TestImageCacheMustBeReachable(t *testing.T) {
+	closed := t.TempDir()
+	if err := os.Chmod(closed, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	img := ocisandboxtest.Image(t)
+	dir := t.TempDir()
+	_, err := ocisandbox.New(ocisandbox.Config{
+		Image:      img,
+		ImageCache: filepath.Join(closed, "images"),
+		StateDir:   filepath.Join(dir, "state"),
+		WorkRoot:   filepath.Join(dir, "sandboxes"),
+		Internal:   http.NotFoundHandler(),
+	})
+	if err == nil || !strings.Contains(err.Error(), closed+" (mode 0700) does not let others search it") {
+		t.Errorf("New with the image cache below a 0700 folder: err = %v; want it to name %s", err, closed)
 	}
 }

@@ -60,14 +60,41 @@ type Bundle struct {
 	Env  []string
 	// CgroupsPath is the sandbox's cgroup, unique on the machine.
 	CgroupsPath string
+	// HostIDs are the host ids the sandbox's user namespace maps to.
+	HostIDs HostIDs
+}
+
+// HostIDs are the ids on the host that a sandbox's user namespace maps
+// its two ids to: its root (0, which only runc's own setup runs as) and
+// its user (the profile's UID and GID, which the entry runs as). Each
+// sandbox has ids of its own, leased host-wide (internal/hostids), so no
+// process of another sandbox, of this belay or another, has them. No
+// other id is mapped: files of any other host id, root's included, show
+// as the overflow id (nobody) inside, and no process inside can take
+// them.
+type HostIDs struct {
+	RootUID, RootGID int
+	UID, GID         int
+}
+
+// check says what is wrong with h for profile p.
+func (h HostIDs) check() error {
+	if h.RootUID <= 0 || h.RootGID <= 0 || h.UID <= 0 || h.GID <= 0 || h.RootUID == h.UID || h.RootGID == h.GID {
+		return fmt.Errorf("runtime spec: host ids root %d:%d and user %d:%d must be two distinct non-root ids", h.RootUID, h.RootGID, h.UID, h.GID)
+	}
+	return nil
 }
 
 // RuntimeSpec makes a sandbox's OCI runtime configuration (runc's
 // config.json) from the hardening profile p and bundle b. Every number
 // and switch comes from p: the user, the read-only root, no capabilities,
 // no_new_privs, the scratch folders and their sizes, memory, CPU,
-// processes, open files and file size. Besides, the sandbox gets new PID,
-// mount, network (loopback only), IPC, UTS and cgroup namespaces, a /proc
+// processes (the pids cgroup and RLIMIT_NPROC: the user's host uid is the
+// sandbox's own, so the rlimit counts this sandbox's processes only, and
+// the entry keeps a reserve of it that a command cannot take), open files
+// and file size. Besides, the sandbox gets a user namespace that maps its
+// root and its user to b.HostIDs, new PID, mount, network (loopback only),
+// IPC, UTS and cgroup namespaces, a /proc
 // of its own, the kernel paths Docker masks masked or read-only, and
 // Docker's default seccomp profile (github.com/moby/profiles/seccomp),
 // which, with no capability, refuses unshare, mount, keyctl, ptrace of
@@ -80,6 +107,8 @@ func RuntimeSpec(p hardening.Profile, b Bundle) (*specs.Spec, error) {
 		return nil, errors.New("runtime spec: no entry to start")
 	case !p.DropAllCapabilities || !p.NoNewPrivileges || !p.ReadOnlyRootFS:
 		return nil, errors.New("runtime spec: the profile must drop all capabilities, set no_new_privs and mount the root read-only")
+	case b.HostIDs.check() != nil:
+		return nil, b.HostIDs.check()
 	case p.MemoryMiB <= 0 || p.Processes <= 0 || p.CPUUnits <= 0 || p.OpenFiles <= 0 || p.FileSizeMiB <= 0 || p.TmpSizeMiB <= 0:
 		return nil, errors.New("runtime spec: every limit of the profile must be positive")
 	}
@@ -87,6 +116,7 @@ func RuntimeSpec(p hardening.Profile, b Bundle) (*specs.Spec, error) {
 	// No swap: the memory limit is the whole of it.
 	swap := memory
 	pids := int64(p.Processes)
+	nproc := uint64(p.Processes)
 	shares := uint64(p.CPUUnits)
 	quota := int64(p.CPUUnits) * cpuPeriod / fargateCPUUnitsPerVCPU
 	period := uint64(cpuPeriod)
@@ -133,6 +163,7 @@ func RuntimeSpec(p hardening.Profile, b Bundle) (*specs.Spec, error) {
 				{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile},
 				{Type: "RLIMIT_FSIZE", Hard: fsize, Soft: fsize},
 				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+				{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},
 			},
 		},
 		Root:     &specs.Root{Path: b.Rootfs, Readonly: p.ReadOnlyRootFS},
@@ -143,6 +174,15 @@ func RuntimeSpec(p hardening.Profile, b Bundle) (*specs.Spec, error) {
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+				{Type: specs.UserNamespace},
+			},
+			UIDMappings: []specs.LinuxIDMapping{
+				{ContainerID: 0, HostID: uint32(b.HostIDs.RootUID), Size: 1},
+				{ContainerID: uint32(p.UID), HostID: uint32(b.HostIDs.UID), Size: 1},
+			},
+			GIDMappings: []specs.LinuxIDMapping{
+				{ContainerID: 0, HostID: uint32(b.HostIDs.RootGID), Size: 1},
+				{ContainerID: uint32(p.GID), HostID: uint32(b.HostIDs.GID), Size: 1},
 			},
 			Resources: &specs.LinuxResources{
 				// No device but the runtime's defaults (null, zero,

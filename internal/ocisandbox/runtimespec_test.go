@@ -21,6 +21,7 @@ func testBundle() ocisandbox.Bundle {
 		Args:        hardening.Sandbox.Entrypoint,
 		Env:         []string{"PATH=/usr/bin:/bin", "BELAY_CLAIM=x"},
 		CgroupsPath: "/belay/run-1",
+		HostIDs:     ocisandbox.HostIDs{RootUID: 1879048192, RootGID: 1879048192, UID: 1879048193, GID: 1879048193},
 	}
 }
 
@@ -107,13 +108,22 @@ func TestRuntimeSpecFollowsHardening(t *testing.T) {
 		"RLIMIT_NOFILE": uint64(p.OpenFiles),
 		"RLIMIT_FSIZE":  uint64(p.FileSizeMiB) << 20,
 		"RLIMIT_CORE":   0,
+		// The user's host uid is the sandbox's own, so the rlimit counts
+		// its processes only; the entry keeps a reserve of it.
+		"RLIMIT_NPROC": uint64(p.Processes),
 	} {
 		if l, ok := rl[typ]; !ok || l.Soft != want || l.Hard != want {
 			t.Errorf("%s = %+v, want %d soft and hard", typ, l, want)
 		}
 	}
-	if _, ok := rl["RLIMIT_NPROC"]; ok {
-		t.Error("RLIMIT_NPROC is set: it counts the uid's processes across every sandbox (they share the uid); the pids cgroup limits each")
+
+	// The user namespace maps exactly two ids each way: root to the
+	// bundle's root ids, the profile's user to the bundle's user ids.
+	h := testBundle().HostIDs
+	wantUIDs := []specs.LinuxIDMapping{{ContainerID: 0, HostID: uint32(h.RootUID), Size: 1}, {ContainerID: uint32(p.UID), HostID: uint32(h.UID), Size: 1}}
+	wantGIDs := []specs.LinuxIDMapping{{ContainerID: 0, HostID: uint32(h.RootGID), Size: 1}, {ContainerID: uint32(p.GID), HostID: uint32(h.GID), Size: 1}}
+	if !slices.Equal(s.Linux.UIDMappings, wantUIDs) || !slices.Equal(s.Linux.GIDMappings, wantGIDs) {
+		t.Errorf("id mappings uid %+v gid %+v, want %+v and %+v", s.Linux.UIDMappings, s.Linux.GIDMappings, wantUIDs, wantGIDs)
 	}
 
 	mounts := map[string]specs.Mount{}
@@ -156,7 +166,7 @@ func TestRuntimeSpecFollowsHardening(t *testing.T) {
 		ns = append(ns, string(n.Type))
 	}
 	slices.Sort(ns)
-	if want := []string{"cgroup", "ipc", "mount", "network", "pid", "uts"}; !slices.Equal(ns, want) {
+	if want := []string{"cgroup", "ipc", "mount", "network", "pid", "user", "uts"}; !slices.Equal(ns, want) {
 		t.Errorf("namespaces = %v, want %v", ns, want)
 	}
 	for _, path := range []string{"/proc/kcore", "/proc/keys", "/sys/firmware"} {
@@ -230,6 +240,20 @@ func TestRuntimeSpecRefusesWeakProfiles(t *testing.T) {
 			}
 		})
 	}
+	for name, change := range map[string]func(*ocisandbox.HostIDs){
+		"no host ids":          func(h *ocisandbox.HostIDs) { *h = ocisandbox.HostIDs{} },
+		"root mapped to root":  func(h *ocisandbox.HostIDs) { h.RootUID = 0 },
+		"user mapped to root":  func(h *ocisandbox.HostIDs) { h.GID = 0 },
+		"root and user shared": func(h *ocisandbox.HostIDs) { h.UID = h.RootUID },
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := testBundle()
+			change(&b.HostIDs)
+			if _, err := ocisandbox.RuntimeSpec(hardening.Sandbox, b); err == nil {
+				t.Errorf("RuntimeSpec accepted host ids %+v", b.HostIDs)
+			}
+		})
+	}
 }
 
 // TestRuntimeSpecTracksProfile changes each number and checks that the
@@ -242,9 +266,11 @@ func TestRuntimeSpecTracksProfile(t *testing.T) {
 	r := s.Linux.Resources
 	text, _ := json.Marshal(s)
 	switch {
-	case *r.Memory.Limit != 512<<20, r.Pids.Limit != 64, *r.CPU.Quota*1024/int64(*r.CPU.Period) != 256:
+	case *r.Memory.Limit != 512<<20, r.Pids.Limit != 64, *r.CPU.Quota*1024/int64(*r.CPU.Period) != 256,
+		!strings.Contains(string(text), `{"type":"RLIMIT_NPROC","hard":64,"soft":64}`):
 		t.Errorf("resources = %s", text)
-	case s.Process.User.UID != 20002 || s.Process.User.GID != 20003 || s.Hostname != "other":
+	case s.Process.User.UID != 20002 || s.Process.User.GID != 20003 || s.Hostname != "other",
+		s.Linux.UIDMappings[1].ContainerID != 20002 || s.Linux.GIDMappings[1].ContainerID != 20003:
 		t.Errorf("user/hostname = %+v %q", s.Process.User, s.Hostname)
 	case !strings.Contains(string(text), `"size=16m"`):
 		t.Errorf("tmpfs size not 16m: %s", text)

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/hostids"
 	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
@@ -66,6 +67,11 @@ type Sandbox struct {
 	srv *http.Server
 	ln  net.Listener
 
+	// lease holds the host ids the sandbox's user namespace maps to until
+	// its folder is gone.
+	lease *hostids.Lease
+	ids   HostIDs
+
 	cmd   *exec.Cmd
 	start time.Time
 	done  chan struct{} // closed once runc has exited and the container is deleted
@@ -105,7 +111,11 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 		workspace.EnvClaim+"="+claim,
 		workspace.EnvAPIURL+"="+APIBaseURL,
 		workspace.EnvAPISocket+"="+APISocketPath,
-		workspace.EnvAPIPeerUID+"="+strconv.Itoa(os.Geteuid()),
+		// belay's uid is not mapped in the sandbox's user namespace, so
+		// the entry sees its socket's listener as the overflow uid: a uid
+		// no process of the sandbox can have (only its root and its user
+		// are mapped), so a relay inside still fails the check.
+		workspace.EnvAPIPeerUID+"="+strconv.Itoa(l.peerUID),
 	)
 	return l.start(ctx, spec.RunID, l.profile.Entrypoint, env, claim)
 }
@@ -135,6 +145,12 @@ func (l *Launcher) start(ctx context.Context, runID string, args, env []string, 
 			}
 		}
 	}()
+	lease, err := hostids.Acquire(l.leaseDir, l.ids, filepath.Join(s.dir, workspaceDir))
+	if err != nil {
+		return nil, fmt.Errorf("launch sandbox for run %s: %w", runID, err)
+	}
+	s.lease = lease
+	s.ids = HostIDs{RootUID: lease.UID, RootGID: lease.GID, UID: lease.UID + 1, GID: lease.GID + 1}
 	if err := s.prepare(l); err != nil {
 		return nil, fmt.Errorf("launch sandbox for run %s: %w", runID, err)
 	}
@@ -145,6 +161,7 @@ func (l *Launcher) start(ctx context.Context, runID string, args, env []string, 
 		Args:        args,
 		Env:         env,
 		CgroupsPath: "/belay/" + id,
+		HostIDs:     s.ids,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("launch sandbox for run %s: %w", runID, err)
@@ -165,7 +182,7 @@ func (l *Launcher) start(ctx context.Context, runID string, args, env []string, 
 }
 
 // prepare makes the sandbox's folder: root's, with the workspace handed
-// to the sandbox user and api/ holding the listening socket.
+// to the sandbox user's host ids and api/ holding the listening socket.
 func (s *Sandbox) prepare(l *Launcher) error {
 	if err := os.Mkdir(s.dir, 0o700); err != nil {
 		return fmt.Errorf("create sandbox folder: %w", err)
@@ -174,7 +191,7 @@ func (s *Sandbox) prepare(l *Launcher) error {
 	if err := os.Mkdir(ws, 0o700); err != nil {
 		return fmt.Errorf("create workspace: %w", err)
 	}
-	if err := os.Lchown(ws, l.profile.UID, l.profile.GID); err != nil {
+	if err := os.Lchown(ws, s.ids.UID, s.ids.GID); err != nil {
 		return fmt.Errorf("hand the workspace to the sandbox user: %w", err)
 	}
 	api := filepath.Join(s.dir, apiDir)
@@ -190,9 +207,10 @@ func (s *Sandbox) prepare(l *Launcher) error {
 // serve listens on api/api.sock and serves the internal routes there. The
 // socket is bound through the folder's descriptor (/proc/self/fd/N/...),
 // so the host path's length never meets the 108-byte limit of a socket
-// address. It is root's and the sandbox group's (0660): the sandbox user
-// can connect; only root can rename or remove it, and the folder is
-// mounted read-only in the sandbox besides.
+// address. It is root's and the sandbox group's (0660; the group is the
+// sandbox's own host gid): the sandbox user can connect; only root can
+// rename or remove it, and the folder is mounted read-only in the sandbox
+// besides.
 func (s *Sandbox) serve(l *Launcher, api string) error {
 	dfd, err := unix.Open(api, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -207,7 +225,7 @@ func (s *Sandbox) serve(l *Launcher, api string) error {
 	// The folder is removed as a whole.
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	sock := filepath.Join(api, socketName)
-	err = os.Lchown(sock, 0, l.profile.GID)
+	err = os.Lchown(sock, 0, s.ids.GID)
 	if err == nil {
 		err = os.Chmod(sock, 0o660)
 	}
@@ -504,7 +522,11 @@ func (s *Sandbox) Cleanup() error {
 		_ = s.ln.Close()
 	}
 	if err := os.RemoveAll(s.dir); err != nil {
+		// The host ids stay leased: files they own are still there.
 		return fmt.Errorf("clean up sandbox of run %s: %w", s.runID, err)
+	}
+	if s.lease != nil {
+		s.lease.Release()
 	}
 	s.cleaned = true
 	s.log.Info("sandbox cleaned up")

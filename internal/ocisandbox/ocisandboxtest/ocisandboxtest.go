@@ -54,11 +54,21 @@ func Image(tb testing.TB) string {
 }
 
 // Cache returns the folder to unpack images into: EnvCache when set, else
-// a temporary folder of the test's (the image is then unpacked again).
+// a temporary folder of the test's (the image is then unpacked again),
+// searchable by others as the launcher needs (each sandbox's user
+// namespace root must reach the image); t.TempDir's folders are not.
 func Cache(tb testing.TB) string {
 	tb.Helper()
 	if dir := os.Getenv(EnvCache); dir != "" {
 		return dir
 	}
-	return filepath.Join(tb.TempDir(), "images")
+	dir, err := os.MkdirTemp("", "belay-image-cache-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil {
+		tb.Fatal(err)
+	}
+	return filepath.Join(dir, "images")
 }

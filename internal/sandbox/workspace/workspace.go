@@ -77,8 +77,9 @@ const (
 	// EnvAPISocket, when set, is the Unix socket the internal routes are
 	// served on (the OCI launcher bind-mounts it).
 	EnvAPISocket = "BELAY_API_SOCKET"
-	// EnvAPIPeerUID is the uid the listener of EnvAPISocket must run as;
-	// required with it.
+	// EnvAPIPeerUID is the uid the listener of EnvAPISocket must run as,
+	// as the entry sees it (in a user namespace that does not map the
+	// listener's uid, the overflow uid); required with it.
 	EnvAPIPeerUID = "BELAY_API_PEER_UID"
 	// EnvWorkspace is where the entry builds repo/ and home/; default
 	// DefaultClaimWorkspace.
