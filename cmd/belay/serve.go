@@ -81,6 +81,8 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 		"accept the process launcher's weaker isolation: host file system, /tmp, /proc and Unix sockets, no seccomp (BELAY_ALLOW_WEAK_ISOLATION=1)")
 	fs.StringVar(&cfg.SandboxImage, "sandbox-image", cfg.SandboxImage,
 		"the OCI launcher's sandbox image `archive` (BELAY_SANDBOX_IMAGE; default "+embedded.SandboxImageName+" beside belay)")
+	fs.StringVar(&cfg.ImageCache, "image-cache", cfg.ImageCache,
+		"`folder` the OCI launcher unpacks the image into, searchable from / (BELAY_IMAGE_CACHE; default "+embedded.DefaultRootImageCache+" with the default data directory, else <data dir>/images)")
 	fs.StringVar(&cfg.SandboxBin, "sandbox-bin", cfg.SandboxBin,
 		"the process launcher's sandbox entry `binary` (BELAY_SANDBOX_BIN; default belay-sandbox beside belay, else on PATH)")
 	fs.StringVar(&cfg.SandboxDir, "sandbox-dir", cfg.SandboxDir,

@@ -132,7 +132,7 @@ func TestServeKilledMidRunResumes(t *testing.T) {
 	// belay serve's default launcher (OCI: the image make test builds,
 	// under runc), and the process launcher.
 	t.Run("oci", func(t *testing.T) {
-		testServeKilledMidRunResumes(t, bin, "--sandbox-image", ocisandboxtest.Image(t))
+		testServeKilledMidRunResumes(t, bin, "--sandbox-image", ocisandboxtest.Image(t), "--image-cache", ocisandboxtest.Cache(t))
 	})
 	t.Run("process", func(t *testing.T) {
 		testServeKilledMidRunResumes(t, bin, "--launcher", "process", "--allow-weak-isolation")

@@ -215,6 +215,7 @@ func ConfigFromEnv(lookup func(string) (string, bool)) Config {
 		MaxResumes:         resumesFromEnv(get(EnvMaxResumes)),
 		Launcher:           get(EnvLauncher),
 		SandboxImage:       get(EnvSandboxImage),
+		ImageCache:         get(EnvImageCache),
 		AllowWeakIsolation: parseBool(get(EnvAllowWeakIsolation)),
 	}
 }

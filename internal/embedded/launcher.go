@@ -25,6 +25,9 @@ const (
 	// EnvSandboxImage is the sandbox image of the OCI launcher, an OCI
 	// archive (--sandbox-image).
 	EnvSandboxImage = "BELAY_SANDBOX_IMAGE"
+	// EnvImageCache is where the OCI launcher unpacks the image
+	// (--image-cache; Config.ImageCache).
+	EnvImageCache = "BELAY_IMAGE_CACHE"
 )
 
 // The launchers `belay serve` can run sandboxes with.

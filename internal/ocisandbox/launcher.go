@@ -404,7 +404,7 @@ func searchableAbove(cache string) error {
 			return fmt.Errorf("ocisandbox: %w", err)
 		}
 		if perm := fi.Mode().Perm(); perm&0o001 == 0 {
-			return fmt.Errorf("ocisandbox: each sandbox's user namespace root (an unprivileged host id) must reach the sandbox image in %s, and %s (mode %04o) does not let others search it: allow it (chmod o+x %s) or unpack the image below folders that do", cache, d, perm, d)
+			return fmt.Errorf("ocisandbox: each sandbox's user namespace root (an unprivileged host id) must reach the sandbox image in %s, and %s (mode %04o) does not let others search it: allow it (chmod o+x %s) or unpack the image below folders that do (belay serve --image-cache, BELAY_IMAGE_CACHE)", cache, d, perm, d)
 		}
 		if d == "/" {
 			return nil
