@@ -343,3 +343,55 @@ func TestPublisherFunction(t *testing.T) {
 		t.Errorf("a token reached the publisher's log")
 	}
 }
+
+// TestAPIGitSource: the api bootstrap fetches a run's git source itself
+// (POST /v1/runs with source.git, as `belay run --repo` and git sessions
+// send it) from the loopback git server with the control plane's git
+// credentials, keeps its bundle in S3 (gofakes3) for the sandbox and
+// starts the run; a repository the credentials cannot open stores no run;
+// the credential is in no answer and no log line.
+func TestAPIGitSource(t *testing.T) {
+	p := startPeers(t)
+	_, repo, head := calcRepoServer(t, "octo-org/calc")
+	fn, states := startAPI(t, p, map[string]string{"BELAY_AUTH": "token", "BELAY_TOKEN": controlToken,
+		"BELAY_GIT_CREDENTIALS": strings.Replace(repo.URL, "http://", "http://x-access-token:"+repoToken+"@", 1), "BELAY_GIT_LOOPBACK_HTTP": "1"})
+	withSource := func(url string) func(*events.APIGatewayProxyRequest) {
+		return func(ev *events.APIGatewayProxyRequest) {
+			ev.Body = `{"instruction": "Fix the failing test in calc.py", "source": {"git": {"url": "` + url + `"}},
+				"allowedPaths": ["calc.py"], "checks": [["python3", "-m", "pytest", "-q"]], "maxSteps": 8, "wallTimeSeconds": 120}`
+			delete(ev.Headers, "Idempotency-Key")
+			delete(ev.MultiValueHeaders, "Idempotency-Key")
+		}
+	}
+
+	created := createRun(t, fn, p, apiEvent(t, "api", "create-run.json", withSource(repo.URL)))
+	run, err := p.store.GetRun(t.Context(), created.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := run.Request.GitSource()
+	if g == nil || g.URL != repo.URL || g.Commit != head || g.Tree == nil || g.Tree.Files != 4 || g.Bundle == nil {
+		t.Fatalf("the run's source: %+v; want %s at %s with its 4 files and a bundle", g, repo.URL, head)
+	}
+	if rc, size, err := p.artifacts.OpenSource(t.Context(), created.RunID); err != nil || size != g.Bundle.Size {
+		t.Errorf("the run's bundle in S3: size %d, %v; want %d", size, err, g.Bundle.Size)
+	} else {
+		rc.Close()
+	}
+	if starts := states.Calls("StartExecution"); len(starts) != 1 || starts[0]["name"] != created.RunID {
+		t.Errorf("StartExecution calls %v, want one for %s", starts, created.RunID)
+	}
+
+	// A repository the server does not have: a clear refusal, no run.
+	missing := strings.TrimSuffix(repo.URL, "calc.git") + "gone.git"
+	resp := buffered(t, fn, apiEvent(t, "api", "create-run.json", withSource(missing)))
+	if resp.StatusCode != http.StatusBadRequest || errorCode(t, resp.Body) != belay.CodeInvalid {
+		t.Errorf("a missing repository: %d %s, want 400 invalid", resp.StatusCode, resp.Body)
+	}
+	if n := len(states.Calls("StartExecution")); n != 1 {
+		t.Errorf("%d executions started, want still 1", n)
+	}
+	if strings.Contains(resp.Body, repoToken) || strings.Contains(fn.Logs(), repoToken) {
+		t.Error("the git credential is in an answer or the function's log")
+	}
+}

@@ -136,7 +136,7 @@ func (s *belayStack) functions() error {
 	api := s.fns[fnAPI]
 	api.AddEnvironment(jsii.String(envBucket), s.bucket.BucketName(), nil)
 	s.grantTable(api, true)
-	s.grantArtifacts(api, false)
+	s.grantArtifacts(api, true) // git sources: their bundles
 
 	s.grantTable(s.fns[fnStream], false)
 	for _, name := range []string{fnAPI, fnStream} {

@@ -105,6 +105,12 @@ func (s *belayStack) triggers() {
 		Resources: &[]*string{s.stateMachine.StateMachineArn()},
 	}))
 
+	// The api function fetches the git sources of runs and sessions
+	// created over the API (source.git), with the same credentials.
+	api := s.fns[fnAPI]
+	api.AddEnvironment(jsii.String(envGitCredentialsARN), s.gitCredentials.SecretArn(), nil)
+	s.grantSecret(api, s.gitCredentials)
+
 	publisher.AddEnvironment(jsii.String(envBucket), s.bucket.BucketName(), nil)
 	publisher.AddEnvironment(jsii.String(envGitCredentialsARN), s.gitCredentials.SecretArn(), nil)
 	publisher.AddEnvironment(jsii.String(envGitHubTokenARN), s.githubToken.SecretArn(), nil)

@@ -128,7 +128,7 @@ func TestRepoEventFunctions(t *testing.T) {
 			fnWebhook:    {envEventBus, envTriggers, envWebhookSecretARN, envTable, envModel},
 			fnDispatcher: {envEventBus, envTriggers, envGitCredentialsARN, envBucket, envStateMachineARN, envClusterARN},
 			fnPublisher:  {envGitCredentialsARN, envGitHubTokenARN, envBucket, envTable},
-			fnAPI:        {envEventBus},
+			fnAPI:        {envEventBus, envGitCredentialsARN},
 			fnSteps:      {envEventBus},
 			fnCleanup:    {envEventBus},
 		} {
@@ -141,7 +141,7 @@ func TestRepoEventFunctions(t *testing.T) {
 		}
 		for secret, readers := range map[string][]string{
 			"GitHubWebhookSecret": {fnWebhook},
-			"GitCredentials":      {fnDispatcher, fnPublisher},
+			"GitCredentials":      {fnAPI, fnDispatcher, fnPublisher},
 			"GitHubToken":         {fnPublisher},
 		} {
 			id := st.logicalID(t, secret+"/Resource")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 
 	"github.com/belay-dev/belay/internal/apigateway"
@@ -40,7 +41,12 @@ type HTTPParts struct {
 	// gitsource.Workspaces); the other functions leave it nil and link no
 	// git code.
 	Workspaces belay.Workspaces
-	Logger     *slog.Logger
+	// Git fetches git sources (POST /v1/runs and sessions with
+	// source.git): api only, with gitsource and the git credentials
+	// (lambdaenv/gitenv); the bundles go to Artifacts, which must keep
+	// sources (belay.SourceStore).
+	Git    belay.SourceFetcher
+	Logger *slog.Logger
 }
 
 // placeholderUpstream is the upstream URL of a function without the model
@@ -51,12 +57,20 @@ const placeholderUpstream = "https://modelproxy.invalid/chat/completions"
 // environment (EnvModel; EnvModelAPIURL and EnvModelTimeoutSeconds for the
 // model proxy; EnvSandboxEvents and EnvSandboxEventBytes for event append).
 func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
-	limits, err := e.Limits()
+	// With the repository limits: api fetches git sources under them.
+	limits, err := e.RepoLimits()
 	if err != nil {
 		return nil, err
 	}
 	if p.Artifacts == nil {
 		p.Artifacts = refusingArtifacts{}
+	}
+	var sources belay.SourceStore
+	if p.Git != nil {
+		var ok bool
+		if sources, ok = p.Artifacts.(belay.SourceStore); !ok {
+			return nil, errors.New("lambdaenv: git sources need an artifact store that keeps them")
+		}
 	}
 	if p.Orchestrator == nil {
 		p.Orchestrator = refusingOrchestrator{}
@@ -101,6 +115,8 @@ func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 		Logger:        p.Logger,
 		Presigner:     p.Presigner,
 		Workspaces:    p.Workspaces,
+		Git:           p.Git,
+		Sources:       sources,
 
 		SandboxEventLimits: events,
 	})

@@ -95,6 +95,10 @@ const (
 	EnvSFNEndpoint            = "BELAY_SFN_ENDPOINT"
 	EnvECSEndpoint            = "BELAY_ECS_ENDPOINT"
 	EnvSecretsManagerEndpoint = "BELAY_SECRETSMANAGER_ENDPOINT"
+	// EnvGitLoopbackHTTP, set to 1, lets a caller's git source be a
+	// plain-http URL on a loopback host: a git server of a local test, as
+	// belay serve allows; deployed, git sources are https only.
+	EnvGitLoopbackHTTP = "BELAY_GIT_LOOPBACK_HTTP"
 )
 
 // DefaultStreamMax is how long one event stream stays open by default:
@@ -333,8 +337,19 @@ func (e *Env) Limits() (belay.Limits, error) {
 	if err != nil {
 		return belay.Limits{}, err
 	}
-	return belay.ParseOperatorLimits(e.Get(EnvExtensions), e.Get(EnvChecks)).
+	lim, err := belay.ParseOperatorLimits(e.Get(EnvExtensions), e.Get(EnvChecks)).
 		Apply(belay.DefaultLimits(model), EnvExtensions, EnvChecks)
+	if err != nil {
+		return belay.Limits{}, err
+	}
+	switch v := e.Get(EnvGitLoopbackHTTP); v {
+	case "", "0":
+	case "1":
+		lim.GitURLs.AllowLoopbackHTTP = true
+	default:
+		return belay.Limits{}, fmt.Errorf("%s is %q; want 1 (allow http git sources on loopback, for local tests) or unset", EnvGitLoopbackHTTP, v)
+	}
+	return lim, nil
 }
 
 // SecretSource is the Source of a secret given directly (the variable
