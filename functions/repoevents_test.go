@@ -394,4 +394,21 @@ func TestAPIGitSource(t *testing.T) {
 	if strings.Contains(resp.Body, repoToken) || strings.Contains(fn.Logs(), repoToken) {
 		t.Error("the git credential is in an answer or the function's log")
 	}
+
+	// Credentials the operator has not put yet (the stack's secret holds a
+	// generated placeholder): the function still starts and creates runs
+	// from uploads; a git source is refused as unavailable, saying what to
+	// fix.
+	fn.Stop()
+	bad, _ := startAPI(t, p, map[string]string{"BELAY_AUTH": "token", "BELAY_TOKEN": controlToken,
+		"BELAY_GIT_CREDENTIALS": "placeholder-" + repoToken, "BELAY_GIT_LOOPBACK_HTTP": "1"})
+	resp = buffered(t, bad, apiEvent(t, "api", "create-run.json", withSource(repo.URL)))
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, resp.Body) != belay.CodeUnavailable ||
+		!strings.Contains(resp.Body, "BELAY_GIT_CREDENTIALS_SECRET_ARN") {
+		t.Errorf("unreadable credentials: %d %s, want 503 unavailable naming the secret", resp.StatusCode, resp.Body)
+	}
+	createRun(t, bad, p, apiEvent(t, "api", "create-run.json"))
+	if strings.Contains(resp.Body, repoToken) || strings.Contains(bad.Logs(), repoToken) {
+		t.Error("the unreadable credential is in an answer or the function's log")
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -160,41 +161,45 @@ func cmdServe(ctx context.Context, e *env, args []string) error {
 }
 
 // printServing tells the operator where the server is, where its token is
-// (never the token), and what isolation each sandbox gets.
-func printServing(w io.Writer, m *embedded.Main, cfg embedded.Config) {
+// (never the token), and what isolation each sandbox gets, in one write, so
+// whoever reads the output line by line (a supervisor, a test waiting for
+// "serving on") never sees the first line without the rest.
+func printServing(out io.Writer, m *embedded.Main, cfg embedded.Config) {
+	var w bytes.Buffer
+	defer func() { _, _ = out.Write(w.Bytes()) }()
 	endpoint := "http://" + m.Addr()
-	fmt.Fprintf(w, "belay %s serving on %s\n", version, endpoint)
-	fmt.Fprintf(w, "  model:      %s, through %s\n", m.Model(), m.Upstream())
-	fmt.Fprintf(w, "  data:       %s\n", m.DataDir())
-	fmt.Fprintf(w, "  sandboxes:  %s\n", m.SandboxDir())
+	fmt.Fprintf(&w, "belay %s serving on %s\n", version, endpoint)
+	fmt.Fprintf(&w, "  model:      %s, through %s\n", m.Model(), m.Upstream())
+	fmt.Fprintf(&w, "  data:       %s\n", m.DataDir())
+	fmt.Fprintf(&w, "  sandboxes:  %s\n", m.SandboxDir())
 	runs, artifacts := m.Storage()
-	fmt.Fprintf(w, "  runs:       %s\n", runs)
-	fmt.Fprintf(w, "  artifacts:  %s\n", artifacts)
+	fmt.Fprintf(&w, "  runs:       %s\n", runs)
+	fmt.Fprintf(&w, "  artifacts:  %s\n", artifacts)
 	if f := m.TokenFile(); f != "" {
-		fmt.Fprintf(w, "  token:      in %s (mode 0600; the CLI reads it from there)\n", f)
+		fmt.Fprintf(&w, "  token:      in %s (mode 0600; the CLI reads it from there)\n", f)
 	} else {
-		fmt.Fprintf(w, "  token:      from %s\n", embedded.EnvToken)
+		fmt.Fprintf(&w, "  token:      from %s\n", embedded.EnvToken)
 	}
 	kind, why := m.Launcher()
-	fmt.Fprintf(w, "  launcher:   %s (%s)\n", kind, why)
+	fmt.Fprintf(&w, "  launcher:   %s (%s)\n", kind, why)
 	if img := m.SandboxImage(); img != "" {
-		fmt.Fprintf(w, "  image:      %s\n", img)
+		fmt.Fprintf(&w, "  image:      %s\n", img)
 	} else {
-		fmt.Fprintf(w, "  sandbox:    %s\n", m.SandboxBin())
-		fmt.Fprintf(w, "  WARNING:    weaker isolation accepted: %s\n", embedded.WeakIsolation)
+		fmt.Fprintf(&w, "  sandbox:    %s\n", m.SandboxBin())
+		fmt.Fprintf(&w, "  WARNING:    weaker isolation accepted: %s\n", embedded.WeakIsolation)
 	}
-	fmt.Fprintln(w, "  isolation:")
+	fmt.Fprintln(&w, "  isolation:")
 	for _, s := range m.Isolation() {
-		fmt.Fprintf(w, "    - %s\n", s)
+		fmt.Fprintf(&w, "    - %s\n", s)
 	}
 	if missing := m.NotApplied(); len(missing) > 0 {
-		fmt.Fprintln(w, "  not applied:")
+		fmt.Fprintln(&w, "  not applied:")
 		for _, s := range missing {
-			fmt.Fprintf(w, "    - %s\n", s)
+			fmt.Fprintf(&w, "    - %s\n", s)
 		}
 	}
 	if endpoint != defaultEndpoint {
-		fmt.Fprintf(w, "  clients:    export %s=%s\n", envEndpoint, endpoint)
+		fmt.Fprintf(&w, "  clients:    export %s=%s\n", envEndpoint, endpoint)
 	}
 }
 

@@ -36,15 +36,11 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigatewa
 	if err != nil {
 		return nil, err
 	}
-	// Git sources of runs and sessions are fetched here, with the control
-	// plane's git credentials (BELAY_GIT_CREDENTIALS(_SECRET_ARN); none:
-	// anonymous fetches).
-	creds, err := gitenv.Credentials(ctx, env)
-	if err != nil {
-		return nil, err
-	}
 	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, Artifacts: artifacts, Orchestrator: orch, PublicAuth: auth, Logger: log,
-		Git: gitsource.New(gitsource.Config{Credentials: creds, Logger: log}),
+		// Git sources of runs and sessions are fetched here, with the
+		// control plane's git credentials (BELAY_GIT_CREDENTIALS(_SECRET_ARN);
+		// none: anonymous fetches), read at the first fetch.
+		Git: gitenv.NewFetcher(env, log),
 		// Sessions: each turn's workspace is built with go-git.
 		Workspaces: gitsource.Workspaces{}})
 	if err != nil {

@@ -7,9 +7,12 @@ package gitenv
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 
+	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/github"
 	"github.com/belay-dev/belay/internal/gitsource"
 	"github.com/belay-dev/belay/internal/lambdaenv"
@@ -58,4 +61,41 @@ func GitHub(ctx context.Context, e *lambdaenv.Env, creds *gitsource.Credentials)
 		_, t, ok := creds.For("https://" + host + "/" + repository + ".git")
 		return t, ok
 	})
+}
+
+// Fetcher fetches git sources with the credentials it reads at its first
+// fetch, and again after a failure, not at start: a function whose git
+// credentials are not set up yet (the stack's secret holds a generated
+// placeholder until the operator puts them) still starts and serves every
+// other route, and a fetch says what is wrong.
+type Fetcher struct {
+	env *lambdaenv.Env
+	log *slog.Logger
+
+	mu     sync.Mutex
+	client *gitsource.Client
+}
+
+// NewFetcher returns a Fetcher reading the credentials from env.
+func NewFetcher(env *lambdaenv.Env, log *slog.Logger) *Fetcher {
+	return &Fetcher{env: env, log: log}
+}
+
+// FetchSource fetches src (belay.SourceFetcher); unavailable when the
+// credentials cannot be read or parsed (the log says why).
+func (f *Fetcher) FetchSource(ctx context.Context, src belay.GitSource, lim belay.Limits) (*belay.FetchedSource, error) {
+	f.mu.Lock()
+	if f.client == nil {
+		creds, err := Credentials(ctx, f.env)
+		if err != nil {
+			f.mu.Unlock()
+			f.log.Error("git credentials unreadable; git sources are refused until they are fixed", "err", err.Error())
+			return nil, belay.Errorf(belay.CodeUnavailable,
+				"the control plane's git credentials cannot be read; an operator must put valid ones in the secret named by %s", lambdaenv.EnvGitCredentialsSecretARN)
+		}
+		f.client = gitsource.New(gitsource.Config{Credentials: creds, Logger: f.log})
+	}
+	c := f.client
+	f.mu.Unlock()
+	return c.FetchSource(ctx, src, lim)
 }
