@@ -81,18 +81,28 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, http.StatusCreated, wire.CreateSessionResponse{SessionID: sess.ID, Status: sess.Status, Links: links})
 }
 
+// handleGetSession answers the session's record (GET /v1/sessions/{id}).
 func (s *Server) handleGetSession(w http.ResponseWriter, r *http.Request) {
+	s.answerSession(r.Context(), w, r, http.StatusOK, func(ctx context.Context, id string) (belay.Session, error) {
+		return s.sessions.Get(ctx, id)
+	})
+}
+
+// answerSession runs act on the session the path names and answers its
+// view with status.
+func (s *Server) answerSession(ctx context.Context, w http.ResponseWriter, r *http.Request, status int,
+	act func(ctx context.Context, id string) (belay.Session, error)) {
 	id, err := sessionID(r)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	sess, err := s.sessions.Get(r.Context(), id)
+	sess, err := act(ctx, id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	s.writeJSON(w, http.StatusOK, wire.SessionViewOf(sess))
+	s.writeJSON(w, status, wire.SessionViewOf(sess))
 }
 
 func (s *Server) handleSendMessage(w http.ResponseWriter, r *http.Request) {
@@ -131,32 +141,20 @@ func textField(err error) error {
 	return err
 }
 
+// handleStopSession cancels the running turn (POST .../stop); it runs to its
+// end even if the caller hangs up.
 func (s *Server) handleStopSession(w http.ResponseWriter, r *http.Request) {
-	id, err := sessionID(r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sess, err := s.sessions.Stop(context.WithoutCancel(r.Context()), id)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.writeJSON(w, http.StatusAccepted, wire.SessionViewOf(sess))
+	s.answerSession(context.WithoutCancel(r.Context()), w, r, http.StatusAccepted, func(ctx context.Context, id string) (belay.Session, error) {
+		return s.sessions.Stop(ctx, id)
+	})
 }
 
+// handleCloseSession closes the session (DELETE /v1/sessions/{id}); it runs
+// to its end even if the caller hangs up.
 func (s *Server) handleCloseSession(w http.ResponseWriter, r *http.Request) {
-	id, err := sessionID(r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	sess, err := s.sessions.Close(context.WithoutCancel(r.Context()), id)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.writeJSON(w, http.StatusOK, wire.SessionViewOf(sess))
+	s.answerSession(context.WithoutCancel(r.Context()), w, r, http.StatusOK, func(ctx context.Context, id string) (belay.Session, error) {
+		return s.sessions.Close(ctx, id)
+	})
 }
 
 func (s *Server) handleSessionPatch(w http.ResponseWriter, r *http.Request) {
