@@ -63,7 +63,11 @@ func startManagementAPI(t *testing.T) *managementAPI {
 			m.bad = append(m.bad, "not JSON: "+string(body))
 		}
 		if m.gone[id] {
+			// As API Gateway answers for a connection it no longer has.
+			w.Header().Set("X-Amzn-ErrorType", "GoneException")
+			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusGone)
+			_, _ = io.WriteString(w, `{"message":"Gone"}`)
 			return
 		}
 		m.got = append(m.got, posted{Connection: id, Body: body})

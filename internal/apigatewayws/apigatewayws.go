@@ -17,14 +17,10 @@
 package apigatewayws
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -34,7 +30,9 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/aws/aws-sdk-go-v2/service/apigatewaymanagementapi"
+	"github.com/aws/aws-sdk-go-v2/service/apigatewaymanagementapi/types"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/httpapi"
@@ -50,65 +48,44 @@ type Poster interface {
 }
 
 // ManagementAPI is API Gateway's management API of one WebSocket API
-// stage: PostToConnection as its REST call (POST
-// {endpoint}/@connections/{id}), signed with SigV4 for execute-api. (The
-// SDK's apigatewaymanagementapi module is not served by this project's
-// module proxy; the call is one signed POST.)
+// stage, through the SDK's apigatewaymanagementapi client:
+// PostToConnection, signed with the function's credentials.
 type ManagementAPI struct {
-	endpoint    *url.URL
-	client      *http.Client
-	credentials aws.CredentialsProvider
-	region      string
-	signer      *v4.Signer
+	client *apigatewaymanagementapi.Client
 }
 
 // NewManagementAPI returns the management API at endpoint
-// (https://{api-id}.execute-api.{region}.amazonaws.com/{stage}).
-func NewManagementAPI(endpoint string, client *http.Client, creds aws.CredentialsProvider, region string) (*ManagementAPI, error) {
+// (https://{api-id}.execute-api.{region}.amazonaws.com/{stage}), signing
+// with cfg. A post is sent once: a lost one is caught up by the client
+// (?after=), never sent twice.
+func NewManagementAPI(endpoint string, cfg aws.Config) (*ManagementAPI, error) {
 	u, err := url.Parse(endpoint)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" {
 		return nil, fmt.Errorf("the WebSocket API's endpoint %q is not an http(s) URL without a query", endpoint)
 	}
-	if client == nil {
-		client = &http.Client{Timeout: 10 * time.Second}
-	}
-	if creds == nil || region == "" {
+	if cfg.Credentials == nil || cfg.Region == "" {
 		return nil, errors.New("the management API needs credentials and a region to sign with")
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	return &ManagementAPI{endpoint: u, client: client, credentials: creds, region: region, signer: v4.NewSigner()}, nil
+	base := strings.TrimSuffix(endpoint, "/")
+	return &ManagementAPI{client: apigatewaymanagementapi.NewFromConfig(cfg, func(o *apigatewaymanagementapi.Options) {
+		o.BaseEndpoint = aws.String(base)
+		o.RetryMaxAttempts = 1
+	})}, nil
 }
 
 // PostToConnection sends data to the connection. Returns ErrGone for a
 // connection that is no longer there.
 func (m *ManagementAPI) PostToConnection(ctx context.Context, id string, data []byte) error {
-	u := *m.endpoint
-	u.Path = m.endpoint.Path + "/@connections/" + url.PathEscape(id)
-	u.RawPath = ""
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(data))
-	if err != nil {
-		return fmt.Errorf("post to connection: %w", err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	creds, err := m.credentials.Retrieve(ctx)
-	if err != nil {
-		return fmt.Errorf("post to connection: credentials: %w", err)
-	}
-	sum := sha256.Sum256(data)
-	if err := m.signer.SignHTTP(ctx, creds, req, hex.EncodeToString(sum[:]), "execute-api", m.region, time.Now().UTC()); err != nil {
-		return fmt.Errorf("post to connection: sign: %w", err)
-	}
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("post to connection %s: %w", id, err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	_, err := m.client.PostToConnection(ctx, &apigatewaymanagementapi.PostToConnectionInput{ConnectionId: aws.String(id), Data: data})
+	var (
+		gone   *types.GoneException
+		status *smithyhttp.ResponseError
+	)
 	switch {
-	case resp.StatusCode == http.StatusGone:
+	case errors.As(err, &gone), errors.As(err, &status) && status.HTTPStatusCode() == http.StatusGone:
 		return ErrGone
-	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		return fmt.Errorf("post to connection %s: API Gateway answered %s", id, resp.Status)
+	case err != nil:
+		return fmt.Errorf("post to connection %s: %w", id, err)
 	}
 	return nil
 }

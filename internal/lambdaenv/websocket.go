@@ -23,5 +23,5 @@ func (e *Env) WebSocketPoster(ctx context.Context) (*apigatewayws.ManagementAPI,
 	if err != nil {
 		return nil, err
 	}
-	return apigatewayws.NewManagementAPI(endpoint, nil, cfg.Credentials, cfg.Region)
+	return apigatewayws.NewManagementAPI(endpoint, cfg)
 }
