@@ -20,6 +20,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/hostids"
+	"github.com/belay-dev/belay/internal/outputtail"
 	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
@@ -48,7 +49,7 @@ type Sandbox struct {
 	owner int // the uid its output files must belong to
 	// lease, when set, holds the sandbox's own uid and gid host-wide.
 	lease *hostids.Lease
-	out   *tailBuffer
+	out   *outputtail.Buffer
 
 	srv *http.Server
 	ln  net.Listener
@@ -115,7 +116,7 @@ func (l *Launcher) Launch(ctx context.Context, spec belay.SandboxSpec) (belay.Sa
 		log:   log,
 		now:   l.now,
 		owner: os.Geteuid(),
-		out:   newTailBuffer(maxTail, spec.Tokens.Model, spec.Tokens.Events, spec.Tokens.Approvals),
+		out:   outputtail.New(outputtail.Max, spec.Tokens.Model, spec.Tokens.Events, spec.Tokens.Approvals),
 		done:  make(chan struct{}),
 	}
 	uid, gid := l.uid, l.gid
@@ -324,7 +325,7 @@ func (s *Sandbox) Wait(ctx context.Context) (belay.SandboxExit, error) {
 		attrs := []any{"exit_code", exit.ExitCode, "signaled", exit.Signaled,
 			"duration", exit.Duration.String(), "output_bytes", s.out.Total()}
 		if exit.ExitCode != 0 {
-			attrs = append(attrs, "last_output_line", s.out.LastLine(maxLoggedLine))
+			attrs = append(attrs, "last_output_line", s.out.LastLine(outputtail.MaxLoggedLine))
 			s.log.Warn("sandbox exited", attrs...)
 		} else {
 			s.log.Info("sandbox exited", attrs...)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/hostids"
+	"github.com/belay-dev/belay/internal/outputtail"
 	"github.com/belay-dev/belay/internal/sandbox/workspace"
 )
 
@@ -62,7 +63,7 @@ type Sandbox struct {
 	id    string // the container's id, also its folder's name
 	dir   string
 	log   *slog.Logger
-	out   *tailBuffer
+	out   *outputtail.Buffer
 
 	srv *http.Server
 	ln  net.Listener
@@ -134,7 +135,7 @@ func (l *Launcher) start(ctx context.Context, runID string, args, env []string, 
 		id:    id,
 		dir:   filepath.Join(l.root, id),
 		log:   l.log.With("run_id", runID, "container", id),
-		out:   &tailBuffer{secrets: []string{secret}},
+		out:   outputtail.New(outputtail.Max, secret),
 		done:  make(chan struct{}),
 	}
 	ok := false
@@ -405,7 +406,7 @@ func (s *Sandbox) runcError() string {
 			return rec.Msg
 		}
 	}
-	if l := s.out.LastLine(maxLoggedLine); l != "" {
+	if l := s.out.LastLine(outputtail.MaxLoggedLine); l != "" {
 		return l
 	}
 	return "no message"
@@ -439,7 +440,7 @@ func (s *Sandbox) Wait(ctx context.Context) (belay.SandboxExit, error) {
 	attrs := []any{"exit_code", s.exit.ExitCode, "signaled", s.exit.Signaled, "oom_killed", s.exit.OOMKilled,
 		"duration", s.exit.Duration.String(), "output_bytes", s.out.Total()}
 	if s.exit.ExitCode != 0 {
-		attrs = append(attrs, "last_output_line", s.out.LastLine(maxLoggedLine))
+		attrs = append(attrs, "last_output_line", s.out.LastLine(outputtail.MaxLoggedLine))
 		s.log.Warn("sandbox exited", attrs...)
 	} else {
 		s.log.Info("sandbox exited", attrs...)

@@ -1,4 +1,8 @@
-package localsandbox
+// Package outputtail keeps the end of a sandbox process's output, with the
+// run's secrets blanked out, for both local launchers (the process one and
+// the runc one): where a crash explains itself, shown in the run's reason
+// and the log, never a token.
+package outputtail
 
 import (
 	"bytes"
@@ -6,16 +10,16 @@ import (
 	"sync"
 )
 
-// maxTail is how much of a sandbox's output is kept: its end, which is
-// where a crash explains itself.
-const maxTail = 16 << 10
+// Max is how much of a sandbox's output is kept: its end.
+const Max = 16 << 10
 
-// maxLoggedLine caps the one output line a log record carries.
-const maxLoggedLine = 300
+// MaxLoggedLine caps the one output line a log record carries.
+const MaxLoggedLine = 300
 
-// tailBuffer keeps the last bytes written to it and counts the rest. Its
-// readers see the run's tokens blanked out, in case the sandbox printed one.
-type tailBuffer struct {
+// Buffer keeps the last bytes written to it and counts the rest. Its
+// readers see the secrets (run tokens, a claim code) blanked out, in case
+// the sandbox printed one.
+type Buffer struct {
 	mu        sync.Mutex
 	max       int
 	buf       []byte
@@ -24,12 +28,13 @@ type tailBuffer struct {
 	secrets   []string
 }
 
-func newTailBuffer(max int, secrets ...string) *tailBuffer {
-	return &tailBuffer{max: max, secrets: secrets}
+// New returns a Buffer keeping the last max bytes, blanking secrets.
+func New(max int, secrets ...string) *Buffer {
+	return &Buffer{max: max, secrets: secrets}
 }
 
 // Write keeps the end of p and what fits of the earlier output.
-func (t *tailBuffer) Write(p []byte) (int, error) {
+func (t *Buffer) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.total += int64(len(p))
@@ -42,16 +47,16 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 }
 
 // Total is how many bytes were written in all.
-func (t *tailBuffer) Total() int64 {
+func (t *Buffer) Total() int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.total
 }
 
 // Tail is the kept end, starting at a line boundary when the start was cut
-// (so no token is cut in half and escapes the blanking), with the secrets
+// (so no secret is cut in half and escapes the blanking), with the secrets
 // replaced by "[redacted]".
-func (t *tailBuffer) Tail() string {
+func (t *Buffer) Tail() string {
 	t.mu.Lock()
 	b := bytes.Clone(t.buf)
 	truncated := t.truncated
@@ -73,7 +78,7 @@ func (t *tailBuffer) Tail() string {
 }
 
 // LastLine is the last non-empty line of Tail, at most max bytes (its end).
-func (t *tailBuffer) LastLine(max int) string {
+func (t *Buffer) LastLine(max int) string {
 	lines := strings.Split(strings.TrimRight(t.Tail(), "\n\r\t "), "\n")
 	last := strings.TrimSpace(lines[len(lines)-1])
 	if len(last) > max {
