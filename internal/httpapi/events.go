@@ -31,46 +31,70 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	q, err := parseEventsQuery(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if q.stream {
+		s.streamEvents(w, r, id, q.after)
+		return
+	}
+	page, err := s.store.ListEvents(r.Context(), id, q.after, q.limit)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.Header().Set(wire.LastSeqHeader, strconv.FormatInt(page.LastSeq, 10))
+	w.Header().Set(wire.TerminalHeader, strconv.FormatBool(page.Terminal))
+	writeEventLines(w, page.Missed, page.OldestSeq, page.Events)
+}
+
+// eventsQuery is what a request to an events route (a run's or a
+// session's) asks for: the events after a seq, as an SSE stream or a page
+// of at most limit NDJSON lines.
+type eventsQuery struct {
+	after  int64
+	stream bool
+	limit  int
+}
+
+// parseEventsQuery reads ?after=, and for a stream (WantsStream) the
+// Last-Event-ID a reconnecting EventSource sends, which wins over the after
+// it first connected with; for a page, ?limit=.
+func parseEventsQuery(r *http.Request) (eventsQuery, error) {
 	q := r.URL.Query()
 	after, err := intParam(q.Get("after"), "after", 0, 0, math.MaxInt64)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return eventsQuery{}, err
 	}
 	if WantsStream(r) {
 		if v := r.Header.Get("Last-Event-ID"); v != "" {
-			// A reconnecting EventSource sends where it stopped; that wins
-			// over the after it first connected with.
-			after, err = intParam(strings.TrimSpace(v), "Last-Event-ID", 0, 0, math.MaxInt64)
-			if err != nil {
-				s.writeError(w, r, err)
-				return
+			if after, err = intParam(strings.TrimSpace(v), "Last-Event-ID", 0, 0, math.MaxInt64); err != nil {
+				return eventsQuery{}, err
 			}
 		}
-		s.streamEvents(w, r, id, after)
-		return
+		return eventsQuery{after: after, stream: true}, nil
 	}
 	limit, err := intParam(q.Get("limit"), "limit", DefaultEventsLimit, 1, MaxEventsLimit)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return eventsQuery{}, err
 	}
-	page, err := s.store.ListEvents(r.Context(), id, after, int(limit))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	h := w.Header()
-	h.Set("Content-Type", "application/x-ndjson")
-	h.Set(wire.LastSeqHeader, strconv.FormatInt(page.LastSeq, 10))
-	h.Set(wire.TerminalHeader, strconv.FormatBool(page.Terminal))
+	return eventsQuery{after: after, limit: int(limit)}, nil
+}
+
+// writeEventLines answers a page of events as NDJSON (headers the caller
+// set stay): an events.missed line first when the page starts past events
+// that left the buffer, then one line per event.
+func writeEventLines[E any](w http.ResponseWriter, missed bool, oldestSeq int64, events []E) {
+	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
-	if page.Missed {
-		_ = enc.Encode(wire.EventsMissedLine{Type: wire.EventsMissedType, Data: wire.EventsMissed{OldestSeq: page.OldestSeq}})
+	if missed {
+		_ = enc.Encode(wire.EventsMissedLine{Type: wire.EventsMissedType, Data: wire.EventsMissed{OldestSeq: oldestSeq}})
 	}
-	for _, e := range page.Events {
+	for _, e := range events {
 		if err := enc.Encode(e); err != nil {
 			return
 		}

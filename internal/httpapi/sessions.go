@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -183,25 +182,13 @@ func (s *Server) handleSessionEvents(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	q := r.URL.Query()
-	after, err := intParam(q.Get("after"), "after", 0, 0, math.MaxInt64)
+	q, err := parseEventsQuery(r)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if WantsStream(r) {
-		if v := r.Header.Get("Last-Event-ID"); v != "" {
-			if after, err = intParam(strings.TrimSpace(v), "Last-Event-ID", 0, 0, math.MaxInt64); err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-		}
-		s.streamSession(w, r, id, after)
-		return
-	}
-	limit, err := intParam(q.Get("limit"), "limit", DefaultEventsLimit, 1, MaxEventsLimit)
-	if err != nil {
-		s.writeError(w, r, err)
+	if q.stream {
+		s.streamSession(w, r, id, q.after)
 		return
 	}
 	sess, err := s.sessions.Get(r.Context(), id)
@@ -209,26 +196,13 @@ func (s *Server) handleSessionEvents(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	page, err := s.sessions.Events(r.Context(), sess, after, int(limit))
+	page, err := s.sessions.Events(r.Context(), sess, q.after, q.limit)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/x-ndjson")
-	h.Set(wire.TerminalHeader, strconv.FormatBool(page.Ended))
-	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriter(w)
-	enc := json.NewEncoder(bw)
-	if page.Missed {
-		_ = enc.Encode(wire.EventsMissedLine{Type: wire.EventsMissedType, Data: wire.EventsMissed{OldestSeq: page.OldestSeq}})
-	}
-	for _, e := range page.Events {
-		if err := enc.Encode(e); err != nil {
-			return
-		}
-	}
-	_ = bw.Flush()
+	w.Header().Set(wire.TerminalHeader, strconv.FormatBool(page.Ended))
+	writeEventLines(w, page.Missed, page.OldestSeq, page.Events)
 }
 
 // followSession sends the session's events after `after` to emit, in
