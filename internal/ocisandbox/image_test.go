@@ -117,6 +117,9 @@ func writeArchive(t *testing.T, layers [][]byte, diffIDs []string) string {
 
 func TestUnpack(t *testing.T) {
 	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("unpacking sets owners (CI runs the tests as root)")
+		}
 		t.Skip("unpacking sets owners: run as root")
 	}
 	base := layerTar(t, []entry{
@@ -183,6 +186,9 @@ func TestUnpack(t *testing.T) {
 // not match their digests: nothing is unpacked.
 func TestUnpackRefuses(t *testing.T) {
 	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("unpacking sets owners (CI runs the tests as root)")
+		}
 		t.Skip("unpacking sets owners: run as root")
 	}
 	outside := filepath.Join(t.TempDir(), "outside")
