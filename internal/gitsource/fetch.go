@@ -48,13 +48,9 @@ func DefaultLimits() Limits {
 
 // LimitsOf returns the repository limits of the operator's run limits.
 func LimitsOf(l belay.Limits) Limits {
-	lim := Limits{MaxFiles: l.RepoMaxFiles, MaxBytes: l.RepoMaxBytes}
-	def := DefaultLimits()
+	lim := Limits{MaxFiles: l.RepoMaxFiles, MaxBytes: belay.RepoMaxBytes(l)}
 	if lim.MaxFiles <= 0 {
-		lim.MaxFiles = def.MaxFiles
-	}
-	if lim.MaxBytes <= 0 {
-		lim.MaxBytes = def.MaxBytes
+		lim.MaxFiles = belay.DefaultRepoMaxFiles
 	}
 	return lim
 }
