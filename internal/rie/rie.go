@@ -283,8 +283,10 @@ var initDuration = regexp.MustCompile(`INIT REPORT\(durationMs: ([0-9.]+)\)`)
 // InitDuration returns the init phase's duration the emulator reported
 // ("INIT REPORT"): from starting the bootstrap until its runtime asked for
 // the first event, which covers the process's start and the function's
-// own set-up.
+// own set-up. The emulator copies its log asynchronously, so the line is
+// waited for (WaitLogs) after the first invoke has answered.
 func (f *Function) InitDuration() (time.Duration, bool) {
+	f.WaitLogs(func(logs string) bool { return initDuration.MatchString(logs) })
 	m := initDuration.FindStringSubmatch(f.Logs())
 	if m == nil {
 		return 0, false
