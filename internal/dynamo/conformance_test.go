@@ -52,6 +52,15 @@ func BenchmarkConsumeParallel(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 }
 
+// BenchmarkRequestSize times an event and a spend on a run with a small
+// request against one with a tree at the reference limits (see
+// storetest.BenchmarkRequestSize).
+func BenchmarkRequestSize(b *testing.B) {
+	storetest.BenchmarkRequestSize(b, func(tb testing.TB, opts storetest.Options) belay.Store {
+		return newPeer(tb, dynamo.Options{EventBufferSize: opts.EventBufferSize}).store
+	})
+}
+
 // BenchmarkModelCall times a proxied model call's two store writes (see
 // storetest.BenchmarkModelCall) on DynamoDB Local, for the record: against
 // one UpdateItem (the cheapest write, what ConsumeModelRequest is) and a

@@ -65,7 +65,7 @@ func (s *Store) CreateApproval(ctx context.Context, a belay.Approval) (belay.App
 		events = append(events, belay.ApprovalDecidedEvent(a))
 	}
 	err = s.update(ctx, func(tx *sql.Tx) error {
-		r, err := loadRun(ctx, tx, a.RunID)
+		r, err := loadRunState(ctx, tx, a.RunID)
 		if err != nil {
 			return err
 		}
@@ -147,7 +147,7 @@ func (s *Store) DecideApproval(ctx context.Context, runID, id string, d belay.De
 	}
 	var a belay.Approval
 	err := s.update(ctx, func(tx *sql.Tx) error {
-		r, err := loadRun(ctx, tx, runID)
+		r, err := loadRunState(ctx, tx, runID)
 		if err != nil {
 			return err
 		}

@@ -64,3 +64,10 @@ func BenchmarkModelCall(b *testing.B) {
 		storetest.Baseline{Name: "one-row write", Write: func(ctx context.Context) error { return sqlite.OneRowWrite(st, ctx, "run-bench-call") }},
 	)
 }
+
+// BenchmarkRequestSize times an event and a spend on a run with a small
+// request against one with a tree at the reference limits (see
+// storetest.BenchmarkRequestSize).
+func BenchmarkRequestSize(b *testing.B) {
+	storetest.BenchmarkRequestSize(b, openStore)
+}

@@ -23,7 +23,7 @@ func (s *Store) RecordCheckpoint(ctx context.Context, runID string, c belay.Chec
 	}
 	var previous belay.CheckpointRef
 	err := s.update(ctx, func(tx *sql.Tx) error {
-		r, err := loadRun(ctx, tx, runID)
+		r, err := loadRunState(ctx, tx, runID)
 		if err != nil {
 			return err
 		}

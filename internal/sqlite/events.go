@@ -106,7 +106,7 @@ func (s *Store) appendEvents(ctx context.Context, runID, batchID string, events 
 	}
 	var out []belay.Event
 	err := s.update(ctx, func(tx *sql.Tx) error {
-		r, err := loadRun(ctx, tx, runID)
+		r, err := loadRunState(ctx, tx, runID)
 		if err != nil {
 			return err
 		}

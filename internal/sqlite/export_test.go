@@ -24,3 +24,7 @@ func OneRowWrite(s *Store, ctx context.Context, runID string) error {
 		return err
 	})
 }
+
+// MigrationsTo returns the schema steps up to version v, to build a
+// database as an older belay left it.
+func MigrationsTo(v int) []string { return migrations[:v] }

@@ -13,17 +13,24 @@ import (
 	"github.com/belay-dev/belay/internal/belay"
 )
 
-// runColumns are the columns scanRun reads, in its order.
-const runColumns = `id, status, request, request_hash, created_at, updated_at, started_at, finished_at,
+// runStateColumns are the columns of a run's row, which scanRun reads in
+// this order: everything but the request, which is kept apart
+// (run_requests) so that the writes of every event and model call rewrite
+// a row whose size does not depend on the upload.
+const runStateColumns = `id, status, request_hash, created_at, updated_at, started_at, finished_at,
 	cancel_requested, reason, exit_code, model_requests, max_requests, prompt_tokens, completion_tokens,
 	checks, changed_files, artifacts, last_seq, attempt, sandbox_ref, sandbox_events, sandbox_event_bytes,
 	checkpoint, lost_attempts`
 
+// runColumns are runStateColumns and then the request, from runs.
+const runColumns = runStateColumns + `, (SELECT request FROM run_requests WHERE run_id = runs.id)`
+
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface{ Scan(dest ...any) error }
 
-// scanRun reads one row of runColumns.
-func scanRun(sc scanner) (belay.Run, error) {
+// scanRun reads one row of runColumns, or of runStateColumns when
+// withRequest is false (the run's Request is then left zero).
+func scanRun(sc scanner, withRequest bool) (belay.Run, error) {
 	var (
 		r                                      belay.Run
 		request                                string
@@ -35,10 +42,14 @@ func scanRun(sc scanner) (belay.Run, error) {
 		modelRequests, maxRequests             int
 		promptTokens, completionTokens, lastSq int64
 	)
-	if err := sc.Scan(&r.ID, &status, &request, &r.RequestHash, &created, &updated, &started, &finished,
+	dest := []any{&r.ID, &status, &r.RequestHash, &created, &updated, &started, &finished,
 		&r.CancelRequested, &r.Reason, &exitCode, &modelRequests, &maxRequests, &promptTokens, &completionTokens,
 		&checks, &changedFiles, &artifacts, &lastSq, &r.Attempt, &r.SandboxRef, &r.SandboxEvents, &r.SandboxEventBytes,
-		&checkpoint, &lostAttempts); err != nil {
+		&checkpoint, &lostAttempts}
+	if withRequest {
+		dest = append(dest, &request)
+	}
+	if err := sc.Scan(dest...); err != nil {
 		return belay.Run{}, err
 	}
 	r.Status = belay.RunStatus(status)
@@ -50,8 +61,10 @@ func scanRun(sc scanner) (belay.Run, error) {
 	}
 	r.Usage = belay.Usage{ModelRequests: modelRequests, MaxRequests: maxRequests, PromptTokens: promptTokens, CompletionTokens: completionTokens}
 	r.LastSeq = lastSq
-	if err := json.Unmarshal([]byte(request), &r.Request); err != nil {
-		return belay.Run{}, fmt.Errorf("decode request of run %s: %w", r.ID, err)
+	if withRequest {
+		if err := json.Unmarshal([]byte(request), &r.Request); err != nil {
+			return belay.Run{}, fmt.Errorf("decode request of run %s: %w", r.ID, err)
+		}
 	}
 	for _, f := range []struct {
 		col  sql.NullString
@@ -81,7 +94,22 @@ func jsonColumn[T any](v []T) (sql.NullString, error) {
 
 // loadRun reads the run inside tx. Returns not_found if it does not exist.
 func loadRun(ctx context.Context, q querier, id string) (belay.Run, error) {
-	r, err := scanRun(q.QueryRowContext(ctx, "SELECT "+runColumns+" FROM runs WHERE id = ?", id))
+	return readRun(ctx, q, id, true)
+}
+
+// loadRunState is loadRun without the request (Request is left zero), for
+// the writes that only need the run's state: saveRun never writes the
+// request, so what it loaded can be saved back.
+func loadRunState(ctx context.Context, q querier, id string) (belay.Run, error) {
+	return readRun(ctx, q, id, false)
+}
+
+func readRun(ctx context.Context, q querier, id string, withRequest bool) (belay.Run, error) {
+	cols := runStateColumns
+	if withRequest {
+		cols = runColumns
+	}
+	r, err := scanRun(q.QueryRowContext(ctx, "SELECT "+cols+" FROM runs WHERE id = ?", id), withRequest)
 	if errors.Is(err, sql.ErrNoRows) {
 		return belay.Run{}, belay.Errorf(belay.CodeNotFound, "run %s not found", id)
 	}
@@ -177,12 +205,15 @@ func (s *Store) CreateRun(ctx context.Context, run belay.Run, idempotencyKey str
 			return fmt.Errorf("look up run id: %w", err)
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO runs
-			(id, status, request, request_hash, idempotency_key, created_at, updated_at, max_requests, model_requests, prompt_tokens, completion_tokens)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			stored.ID, string(stored.Status), string(request), stored.RequestHash, key, nanos(stored.CreatedAt), nanos(stored.UpdatedAt),
+			(id, status, request_hash, idempotency_key, created_at, updated_at, max_requests, model_requests, prompt_tokens, completion_tokens)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			stored.ID, string(stored.Status), stored.RequestHash, key, nanos(stored.CreatedAt), nanos(stored.UpdatedAt),
 			stored.Usage.MaxRequests, stored.Usage.ModelRequests, stored.Usage.PromptTokens, stored.Usage.CompletionTokens)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO run_requests (run_id, request) VALUES (?, ?)", stored.ID, string(request)); err != nil {
+			return fmt.Errorf("insert run request: %w", err)
 		}
 		if _, err := s.appendLocked(ctx, tx, &stored, []belay.EventInput{belay.RunQueuedEvent(stored)}, belay.SourceControl); err != nil {
 			return err
@@ -270,7 +301,7 @@ func (s *Store) ListRuns(ctx context.Context, q belay.ListRunsQuery) (belay.RunP
 	defer rows.Close()
 	var page belay.RunPage
 	for rows.Next() {
-		r, err := scanRun(rows)
+		r, err := scanRun(rows, true)
 		if err != nil {
 			return belay.RunPage{}, wrap("list runs", err)
 		}

@@ -144,12 +144,24 @@ CREATE TABLE session_connections (
 ) STRICT;
 CREATE INDEX session_connections_session ON session_connections (session_id);
 `,
+	// 7: a run's request in a table of its own. The runs row is rewritten
+	// by every event appended and every model call; with the request in it
+	// (up to the whole uploaded tree) each of those writes read and
+	// rewrote the request too, so their cost grew with the upload.
+	`
+CREATE TABLE run_requests (
+	run_id  TEXT PRIMARY KEY REFERENCES runs (id) ON DELETE CASCADE,
+	request TEXT NOT NULL
+) STRICT;
+INSERT INTO run_requests (run_id, request) SELECT id, request FROM runs;
+ALTER TABLE runs DROP COLUMN request;
+`,
 }
 
 // SchemaVersion is the schema version this code writes: the number of
 // migrations. Open refuses a database with a newer one, written by a newer
 // belay, rather than misread it.
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // migrate brings the database to SchemaVersion in one write transaction,
 // so a crash mid-migration leaves the old schema. It returns the version

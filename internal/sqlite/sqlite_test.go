@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -190,6 +191,73 @@ func TestSchemaVersion(t *testing.T) {
 	setUserVersion(t, path, sqlite.SchemaVersion+1)
 	if _, err := sqlite.Open(ctx, path, sqlite.Options{}); err == nil || !strings.Contains(err.Error(), "newer") {
 		t.Fatalf("Open(newer schema) = %v, want a refusal naming the newer version", err)
+	}
+}
+
+// TestMigrateRequestsApart opens a database as schema version 6 left it,
+// with the request in the runs row, and finds the run whole after the
+// migration that keeps requests in a table of their own; the runs table
+// no longer has the column, and the run takes events and model calls.
+func TestMigrateRequestsApart(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "belay.db")
+	db, err := sql.Open("sqlite", sqlite.DSN(path, false))
+	if err != nil {
+		t.Fatalf("sql.Open: %v", err)
+	}
+	for i, m := range sqlite.MigrationsTo(6) {
+		if _, err := db.Exec(m); err != nil {
+			t.Fatalf("migration %d: %v", i+1, err)
+		}
+	}
+	run := testRun("run-old", "CANARY-migrate")
+	request, err := json.Marshal(run.Request)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO runs (id, status, request, request_hash, created_at, updated_at, max_requests, last_seq)
+		VALUES (?, 'running', ?, ?, ?, ?, ?, 0)`, run.ID, string(request), run.RequestHash, t0.UnixNano(), t0.UnixNano(), run.Usage.MaxRequests); err != nil {
+		t.Fatalf("insert v6 run: %v", err)
+	}
+	if _, err := db.Exec("PRAGMA user_version = 6"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	s := openAt(t, path)
+	got, err := s.GetRun(ctx, run.ID)
+	if err != nil {
+		t.Fatalf("GetRun after migration: %v", err)
+	}
+	if !reflect.DeepEqual(got.Request, run.Request) || got.Status != belay.StatusRunning {
+		t.Fatalf("run after migration = %s %+v, want running %+v", got.Status, got.Request, run.Request)
+	}
+	if _, err := s.AppendEvents(ctx, run.ID, "", []belay.EventInput{{Time: t0, Type: "bench.step"}}); err != nil {
+		t.Fatalf("AppendEvents after migration: %v", err)
+	}
+	if err := s.ActivateCapability(ctx, belay.Capability{RunID: run.ID, Model: "test-model", State: belay.CapabilityActive, ExpiresAt: t0.Add(time.Hour), MaxRequests: 5}); err != nil {
+		t.Fatalf("ActivateCapability: %v", err)
+	}
+	if res, err := s.SpendModelRequest(ctx, run.ID, belay.ModelCall{Model: "test-model"}, t0); err != nil || res.Outcome != belay.ConsumeOK {
+		t.Fatalf("SpendModelRequest after migration = %+v, %v", res, err)
+	}
+	page, err := s.ListEvents(ctx, run.ID, 0, 0)
+	if err != nil || len(page.Events) != 2 || page.Events[1].Type != belay.EventModelRequest {
+		t.Fatalf("events after migration = %+v, %v; want the appended one and model.request", page.Events, err)
+	}
+	s.Close()
+
+	db, err = sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM pragma_table_info('runs') WHERE name = 'request'").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("runs.request columns after migration = %d, %v; want 0", n, err)
+	}
+	if v := userVersion(t, path); v != sqlite.SchemaVersion {
+		t.Fatalf("user_version = %d, want %d", v, sqlite.SchemaVersion)
 	}
 }
 

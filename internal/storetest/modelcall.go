@@ -374,3 +374,67 @@ func BenchmarkModelCall(b *testing.B, open func(tb testing.TB, opts Options) bel
 	}
 	b.Log(table.String())
 }
+
+// BenchmarkRequestSize measures the writes every event and every model
+// call make (AppendEvents with one event, then SpendModelRequest) on a run
+// whose request is small and on one that uploaded a whole tree at the
+// reference limits (belay.DefaultLimits: its files at the per-file cap, up
+// to the tree cap), interleaved in one loop. A store that keeps the
+// request beside the run's counters pays for the upload on every write;
+// the goal is a ratio near 1. It reports ops/s of both and the ratio
+// large/small, and logs them as a table.
+func BenchmarkRequestSize(b *testing.B, open func(tb testing.TB, opts Options) belay.Store) {
+	s := open(b, Options{})
+	ctx := context.WithoutCancel(b.Context())
+	limits := belay.DefaultLimits(testModel)
+	small := createIn(b, s, "run-bench-small", belay.StatusRunning)
+	mustActivate(b, s, newCapability(small.ID, 1<<30, at(3600)))
+
+	large := newRun("run-bench-large", at(0), "hash-run-bench-large")
+	large.Request.Files = nil
+	for i := 0; (i+1)*limits.MaxFileBytes <= limits.MaxTreeBytes && i < limits.MaxFiles; i++ {
+		large.Request.Files = append(large.Request.Files, belay.File{
+			Path: fmt.Sprintf("src/part%02d.py", i), Content: strings.Repeat("x = 1  # "+canary+"\n", limits.MaxFileBytes/32)[:limits.MaxFileBytes],
+		})
+	}
+	large.Request.AllowedPaths = []string{"src/**"}
+	mustCreate(b, s, large, "")
+	for i, to := range pathTo(belay.StatusRunning) {
+		mustTransition(b, s, large.ID, to, at(10*(i+1)))
+	}
+	mustActivate(b, s, newCapability(large.ID, 1<<30, at(3600)))
+	treeBytes := 0
+	for _, f := range large.Request.Files {
+		treeBytes += len(f.Content)
+	}
+
+	write := func(runID string) {
+		if _, err := s.AppendEvents(ctx, runID, "", []belay.EventInput{{Time: at(1), Type: "bench.step", Data: json.RawMessage(`{"step":1}`)}}); err != nil {
+			b.Fatalf("AppendEvents(%s): %v", runID, err)
+		}
+		if res, err := s.SpendModelRequest(ctx, runID, testCall, at(1)); err != nil || res.Outcome != belay.ConsumeOK {
+			b.Fatalf("SpendModelRequest(%s) = %+v, %v", runID, res, err)
+		}
+	}
+	for range 10 {
+		write(small.ID)
+		write(large.ID)
+	}
+	var tSmall, tLarge time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		t0 := time.Now()
+		write(small.ID)
+		t1 := time.Now()
+		write(large.ID)
+		tSmall += t1.Sub(t0)
+		tLarge += time.Since(t1)
+	}
+	n := float64(b.N)
+	smallOps, largeOps := n/tSmall.Seconds(), n/tLarge.Seconds()
+	b.ReportMetric(smallOps, "small-ops/s")
+	b.ReportMetric(largeOps, "large-ops/s")
+	b.ReportMetric(largeOps/smallOps, "large/small")
+	b.Logf("\nan event and a model call's spend (%d iterations)        ops/s\nsmall request                                      %8.0f\nrequest with %d files, %d bytes (reference limits) %8.0f\nlarge/small = %.2f (goal: near 1)",
+		b.N, smallOps, len(large.Request.Files), treeBytes, largeOps, largeOps/smallOps)
+}
