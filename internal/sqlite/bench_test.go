@@ -51,8 +51,8 @@ func BenchmarkEmptyWriteTransaction(b *testing.B) {
 }
 
 // BenchmarkModelCall times a proxied model call's two store writes against
-// an empty write transaction and a one-row write on the store's own
-// connection (see storetest.BenchmarkModelCall).
+// an empty write transaction and a write that changes one row, both on the
+// store's own connection (see storetest.BenchmarkModelCall).
 func BenchmarkModelCall(b *testing.B) {
 	var st *sqlite.Store
 	open := func(tb testing.TB, opts storetest.Options) belay.Store {
@@ -61,7 +61,7 @@ func BenchmarkModelCall(b *testing.B) {
 	}
 	storetest.BenchmarkModelCall(b, open,
 		storetest.Baseline{Name: "empty write tx", Write: func(ctx context.Context) error { return sqlite.EmptyWrite(st, ctx) }},
-		storetest.Baseline{Name: "one-row write", Write: func(ctx context.Context) error { return sqlite.OneRowWrite(st, ctx, "run-bench-call") }},
+		storetest.Baseline{Name: "one changed row", Write: func(ctx context.Context) error { return sqlite.OneRowWrite(st, ctx, "run-bench-call") }},
 	)
 }
 
