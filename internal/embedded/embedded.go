@@ -179,6 +179,7 @@ func New(cfg Config) (*Main, error) {
 	if err := prepareDataDir(cfg.DataDir, perm); err != nil {
 		return nil, fmt.Errorf("%s (--data-dir): %w", EnvDataDir, err)
 	}
+	m.removeOldImageCache(cfg.DataDir, cfg.ImageCache)
 
 	if cfg.Token != "" {
 		m.token = cfg.Token
@@ -540,4 +541,23 @@ func checkSandboxEventLimits(cfg *Config, log *slog.Logger) error {
 			"sandbox_events", l.MaxEvents, "event_buffer", buffer)
 	}
 	return nil
+}
+
+// removeOldImageCache removes the unpacked images an earlier belay kept in
+// <data dir>/oci/images (a cache of about 200 MB per image, made again
+// from the image when needed), unless that is still the configured cache.
+// A failure is logged: the old cache only costs disk space.
+func (m *Main) removeOldImageCache(dataDir, cache string) {
+	old := filepath.Join(dataDir, ociDir, imagesDir)
+	if old == cache {
+		return
+	}
+	if _, err := os.Lstat(old); err != nil {
+		return
+	}
+	if err := os.RemoveAll(old); err != nil {
+		m.log.Warn("could not remove the image cache an earlier belay left; remove it by hand", "path", old, "err", err.Error())
+		return
+	}
+	m.log.Info("removed the image cache an earlier belay left", "path", old)
 }

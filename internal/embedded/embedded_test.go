@@ -605,3 +605,40 @@ func onPrivateVarLib(t *testing.T, f func()) {
 	}()
 	<-done
 }
+
+// TestOldImageCacheRemoved starts belay on a data directory where an
+// earlier belay unpacked an image (<data dir>/oci/images, read-only parts
+// included) and finds it gone, said in the log, with runc's state folder
+// and everything else of the data directory kept.
+func TestOldImageCacheRemoved(t *testing.T) {
+	logs := &embeddedtest.Logs{}
+	cfg := embeddedtest.Config(t, logs)
+	old := filepath.Join(cfg.DataDir, "oci", "images")
+	rootfs := filepath.Join(old, "sha256-0123", "rootfs", "usr", "bin")
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "python3"), []byte("not really"), 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(rootfs, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	keep := filepath.Join(cfg.DataDir, "oci", "state-of-runc")
+	if err := os.WriteFile(keep, []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := embeddedtest.Start(t, cfg)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(old); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the old image cache %s is still there (%v)", old, err)
+	}
+	if got := readFile(t, keep); got != "kept" {
+		t.Fatalf("%s = %q; the rest of oci/ must stay", keep, got)
+	}
+	if !strings.Contains(logs.String(), "removed the image cache an earlier belay left") || !strings.Contains(logs.String(), old) {
+		t.Fatalf("the log does not say the old cache was removed:\n%s", logs.String())
+	}
+}
