@@ -70,7 +70,30 @@ func TestBufferedRoutesAndAccessLine(t *testing.T) {
 	if resp.StatusCode != 400 || !strings.Contains(resp.Body, `"code":"invalid"`) {
 		t.Fatalf("SSE through a buffered function: %d %s", resp.StatusCode, resp.Body)
 	}
-	if len(seen) != 3 {
+	// A session's SSE form would be held until the function's timeout too:
+	// refused, naming the WebSocket API. Its NDJSON form is served.
+	for _, q := range []struct {
+		path   string
+		header map[string]string
+	}{
+		{"/v1/sessions/ses_abc/events", map[string]string{"Accept": "text/event-stream"}},
+		{"/v1/sessions/ses_abc/events?stream=1", nil},
+	} {
+		e := ev("GET", q.path, q.header)
+		if p, query, ok := strings.Cut(q.path, "?"); ok {
+			k, v, _ := strings.Cut(query, "=")
+			e.Path, e.QueryStringParameters = p, map[string]string{k: v}
+		}
+		resp, _ = serve(t.Context(), e)
+		if resp.StatusCode != 400 || !strings.Contains(resp.Body, `"code":"invalid"`) || !strings.Contains(resp.Body, "WebSocket API") {
+			t.Fatalf("session SSE (%s) through a buffered function: %d %s", q.path, resp.StatusCode, resp.Body)
+		}
+	}
+	resp, _ = serve(t.Context(), ev("GET", "/v1/sessions/ses_abc/events", nil))
+	if resp.StatusCode != 200 || resp.Body != `{"ok":true}` {
+		t.Fatalf("session events as NDJSON through a buffered function: %d %s", resp.StatusCode, resp.Body)
+	}
+	if len(seen) != 6 {
 		t.Fatalf("OnResponse saw %v, want every request", seen)
 	}
 

@@ -56,14 +56,32 @@ func EventsRoute(r *http.Request) bool {
 	return id != "" && tail == "events"
 }
 
-// NoStreams answers an SSE request with 400 invalid naming the stream
-// route: a buffered integration would hold it until the function's
-// timeout and then lose it. Other requests go to h.
+// SessionEventsRoute accepts GET /v1/sessions/{id}/events.
+func SessionEventsRoute(r *http.Request) bool {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/sessions/")
+	if !ok || r.Method != http.MethodGet {
+		return false
+	}
+	id, tail, _ := strings.Cut(rest, "/")
+	return id != "" && tail == "events"
+}
+
+// NoStreams answers an SSE request with 400 invalid saying where the
+// stream is: a buffered integration would hold it until the function's
+// timeout and then lose it. A run's stream is served by the streaming
+// route of the same path; a session's is followed live over the WebSocket
+// API (its events are NDJSON here). Other requests go to h.
 func NoStreams(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if EventsRoute(r) && httpapi.WantsStream(r) {
+		switch {
+		case !httpapi.WantsStream(r):
+		case EventsRoute(r):
 			writeError(w, r, http.StatusBadRequest, belay.CodeInvalid,
 				"this route answers NDJSON; the SSE stream of a run's events is served by the streaming route of the same path")
+			return
+		case SessionEventsRoute(r):
+			writeError(w, r, http.StatusBadRequest, belay.CodeInvalid,
+				"on AWS a session's events are answered here as NDJSON (?after=SEQ); follow a session live over the WebSocket API (belay session chat)")
 			return
 		}
 		h.ServeHTTP(w, r)
