@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -32,7 +33,8 @@ left it, with their conversation in the agent's context.
       for is asked here ([y]es once, [s]ession, [n]o, [c]ancel the turn).
       /stop stops the running turn, /quit (or end of input) leaves once no
       turn runs. With --message it sends that one message, streams its
-      turn and exits (0 when the turn completed).
+      turn and exits (0 when the turn completed). A dropped connection is
+      made again from the last event shown.
   belay session show ID [--json]
       the session's record: status, turns and their runs, usage, the files
       it changed.
@@ -295,27 +297,12 @@ func cmdSessionChat(ctx context.Context, e *env, args []string) error {
 	if events, _, err := c.SessionEvents(ctx, id, belay.SessionSeq(max(len(v.Turns), 1), 0), 2000); err == nil && len(events) > 0 {
 		after = events[len(events)-1].Seq
 	}
-	conn, err := c.DialSession(ctx, id, after)
-	if err != nil {
+	sock := &chatSocket{client: c, id: id, after: after, stderr: e.stderr,
+		msgs: make(chan chatMessage), errs: make(chan socketError)}
+	if err := sock.dial(ctx); err != nil {
 		return err
 	}
-	defer conn.CloseNow()
-
-	msgs := make(chan chatMessage)
-	readErr := make(chan error, 1)
-	go func() {
-		for {
-			_, data, err := conn.Read(ctx)
-			if err != nil {
-				readErr <- err
-				return
-			}
-			var m chatMessage
-			if json.Unmarshal(data, &m) == nil {
-				msgs <- m
-			}
-		}
-	}()
+	defer sock.close()
 	lines := make(chan string)
 	if *message == "" {
 		go func() {
@@ -335,10 +322,7 @@ func cmdSessionChat(ctx context.Context, e *env, args []string) error {
 			}
 		}()
 	}
-	send := func(m wire.WSClientMessage) error {
-		b, _ := json.Marshal(m)
-		return conn.Write(ctx, websocket.MessageText, b)
-	}
+	send := func(m wire.WSClientMessage) error { return sock.send(ctx, m) }
 
 	ended := map[int]bool{}
 	running := 0 // the turn running, 0 for none
@@ -407,12 +391,17 @@ func cmdSessionChat(ctx context.Context, e *env, args []string) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("interrupted: %w", ctx.Err())
-		case err := <-readErr:
-			if websocket.CloseStatus(err) == websocket.StatusNormalClosure {
+		case se := <-sock.errs:
+			if se.gen != sock.gen {
+				continue // a connection already replaced
+			}
+			if websocket.CloseStatus(se.err) == websocket.StatusNormalClosure {
 				fmt.Fprintf(e.stdout, "session %s closed\n", id)
 				return nil
 			}
-			return fmt.Errorf("the session's websocket ended: %w", err)
+			if err := sock.redial(ctx, se.err); err != nil {
+				return err
+			}
 		case line, ok := <-lines:
 			if !ok {
 				inputDone = true
@@ -426,7 +415,10 @@ func cmdSessionChat(ctx context.Context, e *env, args []string) error {
 				continue
 			}
 			queue = append(queue, line)
-		case m := <-msgs:
+		case m := <-sock.msgs:
+			if !sock.fresh(m) {
+				continue // shown before the connection was made again
+			}
 			switch m.Type {
 			case wire.WSTypeError:
 				fmt.Fprintf(e.stderr, "belay: %s: %s\n", m.Error.Code, m.Error.Message)
@@ -487,6 +479,141 @@ func cmdSessionChat(ctx context.Context, e *env, args []string) error {
 				prompt()
 			}
 		}
+	}
+}
+
+// chatSocket is the chat's WebSocket to its session. When the connection
+// drops (API Gateway ends a WebSocket idle for 10 minutes, and any after 2
+// hours; a network can fail) it is dialled again from the last event
+// received, so nothing is lost or shown twice; a message that could not
+// be sent is sent again on the new connection.
+type chatSocket struct {
+	client *httpapi.Client
+	id     string
+	after  int64 // the session seq of the last event received
+	stderr io.Writer
+
+	conn *websocket.Conn
+	gen  int // counts the connections; errors of replaced ones are stale
+	msgs chan chatMessage
+	errs chan socketError
+}
+
+type socketError struct {
+	gen int
+	err error
+}
+
+// How long a dropped chat keeps trying to connect again, and the waits
+// between tries.
+const (
+	chatReconnectFor      = 2 * time.Minute
+	chatReconnectFirst    = 250 * time.Millisecond
+	chatReconnectMaxDelay = 5 * time.Second
+)
+
+// dial opens a connection from s.after and reads it into s.msgs until it
+// fails, which it reports on s.errs with its generation.
+func (s *chatSocket) dial(ctx context.Context) error {
+	conn, err := s.client.DialSession(ctx, s.id, s.after)
+	if err != nil {
+		return err
+	}
+	if s.conn != nil {
+		s.conn.CloseNow()
+	}
+	s.conn = conn
+	s.gen++
+	gen := s.gen
+	go func() {
+		for {
+			_, data, err := conn.Read(ctx)
+			if err != nil {
+				select {
+				case s.errs <- socketError{gen, err}:
+				case <-ctx.Done():
+				}
+				return
+			}
+			var m chatMessage
+			if json.Unmarshal(data, &m) != nil {
+				continue
+			}
+			select {
+			case s.msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return nil
+}
+
+// redial connects again after cause ended the connection, trying for
+// chatReconnectFor. A refusal (the session is gone or closed, the token
+// refused) ends the chat.
+func (s *chatSocket) redial(ctx context.Context, cause error) error {
+	fmt.Fprintf(s.stderr, "belay: the session's connection dropped (%v); connecting again\n", cause)
+	deadline := time.Now().Add(chatReconnectFor)
+	delay := chatReconnectFirst
+	for {
+		err := s.dial(ctx)
+		if err == nil {
+			fmt.Fprintf(s.stderr, "belay: connected again, from event %d\n", s.after)
+			return nil
+		}
+		// A network failure, or a server failing for now, is tried again;
+		// an answer about the session or the token is final.
+		code := belay.ErrorCode(err)
+		final := code != belay.CodeInternal && code != belay.CodeUnavailable && code != belay.CodeUpstream
+		if final || time.Now().Add(delay).After(deadline) {
+			return fmt.Errorf("the session's websocket ended (%v), and connecting again failed: %w", cause, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("interrupted: %w", ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, chatReconnectMaxDelay)
+	}
+}
+
+// send writes m; when the connection has failed, it connects again and
+// sends m once more.
+func (s *chatSocket) send(ctx context.Context, m wire.WSClientMessage) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if err := s.conn.Write(ctx, websocket.MessageText, b); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted: %w", ctx.Err())
+		}
+		if err := s.redial(ctx, err); err != nil {
+			return err
+		}
+		return s.conn.Write(ctx, websocket.MessageText, b)
+	}
+	return nil
+}
+
+// fresh reports whether m is to be shown: an answer, or an event after
+// the last one received (which it then is). An event at or before it
+// came again on a new connection.
+func (s *chatSocket) fresh(m chatMessage) bool {
+	if m.Seq == 0 {
+		return true
+	}
+	if m.Seq <= s.after {
+		return false
+	}
+	s.after = m.Seq
+	return true
+}
+
+func (s *chatSocket) close() {
+	if s.conn != nil {
+		s.conn.CloseNow()
 	}
 }
 
