@@ -40,6 +40,8 @@ require (
 
 require github.com/aws/aws-sdk-go-v2/service/apigatewaymanagementapi v1.32.0
 
+require github.com/aws/aws-sdk-go-v2/service/dynamodbstreams v1.48.0
+
 require (
 	dario.cat/mergo v1.0.0 // indirect
 	github.com/BurntSushi/toml v1.4.1-0.20240526193622-a339e1f7089c // indirect

@@ -2,6 +2,7 @@ package functions_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,9 +13,16 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	dynamotypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
+	streamtypes "github.com/aws/aws-sdk-go-v2/service/dynamodbstreams/types"
 
 	"github.com/belay-dev/belay/internal/awstest"
 	"github.com/belay-dev/belay/internal/belay"
+	"github.com/belay-dev/belay/internal/dynamo"
 	"github.com/belay-dev/belay/internal/rie"
 	"github.com/belay-dev/belay/internal/sfn"
 	"github.com/belay-dev/belay/internal/wire"
@@ -134,6 +142,9 @@ func TestWebSocketFunction(t *testing.T) {
 		"AWS_SECRET_ACCESS_KEY":   "belay-ws-test-secret-key",
 	}))
 	ctx := t.Context()
+	// The table's stream, as the stack defines it: every write from here
+	// on is in it, for the subtest that replays it.
+	stream := enableStream(t, p)
 	now := time.Now().UTC()
 	if err := p.store.CreateSession(ctx, belay.Session{ID: testdataSessionID, Status: belay.SessionIdle, CreatedAt: now, UpdatedAt: now,
 		Request: belay.SessionRequest{Model: testModel, MaxSteps: 4, WallTimeSeconds: 120,
@@ -256,6 +267,61 @@ func TestWebSocketFunction(t *testing.T) {
 		}
 	})
 
+	t.Run("the table's own stream pushes the new events once", func(t *testing.T) {
+		if _, err := p.store.AppendSandboxEvents(ctx, runID, "", []belay.EventInput{
+			{Time: time.Now().UTC(), Type: belay.EventAgentMessage, Data: json.RawMessage(`{"text":"first, the test"}`)},
+			{Time: time.Now().UTC(), Type: belay.EventAgentMessage, Data: json.RawMessage(`{"text":"then the fix"}`)},
+		}, belay.DefaultSandboxEventLimits()); err != nil {
+			t.Fatal(err)
+		}
+		all := runEvents(t, p.store, runID)
+		fresh := all[len(all)-2:]
+		records := stream.records(t)
+		// The records DynamoDB Local's stream holds have the shape of the
+		// testdata's (which the stack's filter is tested on): KEYS_ONLY,
+		// string keys, the events as INSERTs of RUN#/EVT# keys.
+		inserted := map[string]bool{}
+		for _, r := range records {
+			if r.EventSource != "aws:dynamodb" || r.Change.StreamViewType != "KEYS_ONLY" || len(r.Change.NewImage) != 0 {
+				t.Fatalf("stream record %+v; want a KEYS_ONLY record from aws:dynamodb", r)
+			}
+			pk, sk := r.Change.Keys["PK"].String(), r.Change.Keys["SK"].String()
+			if r.EventName == "INSERT" && strings.HasPrefix(pk, "RUN#") && strings.HasPrefix(sk, "EVT#") {
+				inserted[pk+" "+sk] = true
+			}
+		}
+		for _, e := range all {
+			if key := fmt.Sprintf("RUN#%s EVT#%020d", runID, e.Seq); !inserted[key] {
+				t.Fatalf("no INSERT record for event %d (%s) in the stream; keys seen %v", e.Seq, key, inserted)
+			}
+		}
+		// Every record, unfiltered, in batches of the stack's size: the
+		// function pushes the two new events, once, in order.
+		for len(records) > 0 {
+			batch := records[:min(len(records), 100)]
+			records = records[len(batch):]
+			body, err := json.Marshal(events.DynamoDBEvent{Records: batch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out events.DynamoDBEventResponse
+			fn.Result(t, body, &out)
+			if len(out.BatchItemFailures) != 0 {
+				t.Fatalf("batch item failures %+v", out.BatchItemFailures)
+			}
+		}
+		got := mgmt.take(t)
+		if len(got) != len(fresh) {
+			t.Fatalf("pushed %d messages from the real stream; want the %d new events", len(got), len(fresh))
+		}
+		for i, g := range got {
+			var e belay.SessionEvent
+			if err := json.Unmarshal(g.Body, &e); err != nil || e.RunSeq != fresh[i].Seq || e.Type != fresh[i].Type {
+				t.Fatalf("pushed %s; want event %d %s", g.Body, fresh[i].Seq, fresh[i].Type)
+			}
+		}
+	})
+
 	t.Run("stop cancels the turn", func(t *testing.T) {
 		buffered(t, fn, wsEvent(t, "message.json", func(ev *events.APIGatewayWebsocketProxyRequest) { ev.Body = `{"type":"stop"}` }))
 		got := mgmt.take(t)
@@ -296,4 +362,101 @@ func TestWebSocketFunction(t *testing.T) {
 			t.Fatalf("a message on a forgotten connection: %d; want 410 and nothing posted", resp.StatusCode)
 		}
 	})
+}
+
+// tableStream is a test table's DynamoDB stream on DynamoDB Local.
+type tableStream struct {
+	client *dynamodbstreams.Client
+	arn    string
+}
+
+// enableStream turns on the table's stream as the stack defines it
+// (KEYS_ONLY).
+func enableStream(tb testing.TB, p peers) tableStream {
+	tb.Helper()
+	ctx := tb.Context()
+	client, err := dynamo.NewLocalClient(ctx, p.dynamoURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := client.UpdateTable(ctx, &dynamodb.UpdateTableInput{
+		TableName: aws.String(p.table),
+		StreamSpecification: &dynamotypes.StreamSpecification{
+			StreamEnabled: aws.Bool(true), StreamViewType: dynamotypes.StreamViewTypeKeysOnly,
+		},
+	})
+	if err != nil {
+		tb.Fatalf("enable the table's stream: %v", err)
+	}
+	arn := aws.ToString(out.TableDescription.LatestStreamArn)
+	if arn == "" {
+		tb.Fatal("the table has no stream after UpdateTable")
+	}
+	return tableStream{
+		client: dynamodbstreams.New(dynamodbstreams.Options{
+			Region: "us-east-1", BaseEndpoint: aws.String(p.dynamoURL),
+			Credentials: credentials.NewStaticCredentialsProvider("local", "local", ""),
+		}),
+		arn: arn,
+	}
+}
+
+// records reads every record of the stream, shard by shard from the
+// oldest, as Lambda's event source mapping would hand them to the
+// function: in its DynamoDB event record shape.
+func (s tableStream) records(tb testing.TB) []events.DynamoDBEventRecord {
+	tb.Helper()
+	ctx := tb.Context()
+	desc, err := s.client.DescribeStream(ctx, &dynamodbstreams.DescribeStreamInput{StreamArn: aws.String(s.arn)})
+	if err != nil {
+		tb.Fatalf("describe the stream: %v", err)
+	}
+	var out []events.DynamoDBEventRecord
+	for _, shard := range desc.StreamDescription.Shards {
+		it, err := s.client.GetShardIterator(ctx, &dynamodbstreams.GetShardIteratorInput{
+			StreamArn: aws.String(s.arn), ShardId: shard.ShardId, ShardIteratorType: streamtypes.ShardIteratorTypeTrimHorizon,
+		})
+		if err != nil {
+			tb.Fatalf("shard iterator: %v", err)
+		}
+		for next := it.ShardIterator; next != nil; {
+			page, err := s.client.GetRecords(ctx, &dynamodbstreams.GetRecordsInput{ShardIterator: next})
+			if err != nil {
+				tb.Fatalf("read the stream: %v", err)
+			}
+			if len(page.Records) == 0 {
+				break // an open shard: nothing more for now
+			}
+			for _, r := range page.Records {
+				out = append(out, lambdaRecord(tb, s.arn, r))
+			}
+			next = page.NextShardIterator
+		}
+	}
+	return out
+}
+
+// lambdaRecord is r as a Lambda DynamoDB event record.
+func lambdaRecord(tb testing.TB, arn string, r streamtypes.Record) events.DynamoDBEventRecord {
+	tb.Helper()
+	keys := map[string]events.DynamoDBAttributeValue{}
+	for k, v := range r.Dynamodb.Keys {
+		sv, ok := v.(*streamtypes.AttributeValueMemberS)
+		if !ok {
+			tb.Fatalf("stream key %s is %T; the table's keys are strings", k, v)
+		}
+		keys[k] = events.NewStringAttribute(sv.Value)
+	}
+	rec := events.DynamoDBEventRecord{
+		EventID: aws.ToString(r.EventID), EventName: string(r.EventName), EventVersion: aws.ToString(r.EventVersion),
+		EventSource: aws.ToString(r.EventSource), AWSRegion: aws.ToString(r.AwsRegion), EventSourceArn: arn,
+		Change: events.DynamoDBStreamRecord{
+			Keys: keys, SequenceNumber: aws.ToString(r.Dynamodb.SequenceNumber),
+			SizeBytes: aws.ToInt64(r.Dynamodb.SizeBytes), StreamViewType: string(r.Dynamodb.StreamViewType),
+		},
+	}
+	if t := r.Dynamodb.ApproximateCreationDateTime; t != nil {
+		rec.Change.ApproximateCreationDateTime = events.SecondsEpochTime{Time: *t}
+	}
+	return rec
 }
