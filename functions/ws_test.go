@@ -44,17 +44,20 @@ type posted struct {
 // peer here: an HTTP test server that checks each PostToConnection request
 // (POST /{stage}/@connections/{id}, SigV4-signed for execute-api in the
 // function's region with its credentials, a JSON body) and records it. It
-// answers 410 Gone for the connections in gone.
+// answers 410 Gone for the connections in gone, and, for a connection in
+// failAfter, lets that many more posts through and answers the next one
+// 500 (once), as API Gateway does when it fails.
 type managementAPI struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	got  []posted
-	bad  []string
-	gone map[string]bool
+	srv       *httptest.Server
+	mu        sync.Mutex
+	got       []posted
+	bad       []string
+	gone      map[string]bool
+	failAfter map[string]int
 }
 
 func startManagementAPI(t *testing.T) *managementAPI {
-	m := &managementAPI{gone: map[string]bool{}}
+	m := &managementAPI{gone: map[string]bool{}, failAfter: map[string]int{}}
 	m.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		m.mu.Lock()
@@ -77,6 +80,17 @@ func startManagementAPI(t *testing.T) *managementAPI {
 			w.WriteHeader(http.StatusGone)
 			_, _ = io.WriteString(w, `{"message":"Gone"}`)
 			return
+		}
+		if n, ok := m.failAfter[id]; ok {
+			if n == 0 {
+				delete(m.failAfter, id)
+				w.Header().Set("X-Amzn-ErrorType", "InternalServerErrorException")
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = io.WriteString(w, `{"message":"Internal server error"}`)
+				return
+			}
+			m.failAfter[id] = n - 1
 		}
 		m.got = append(m.got, posted{Connection: id, Body: body})
 	}))
@@ -318,6 +332,50 @@ func TestWebSocketFunction(t *testing.T) {
 			var e belay.SessionEvent
 			if err := json.Unmarshal(g.Body, &e); err != nil || e.RunSeq != fresh[i].Seq || e.Type != fresh[i].Type {
 				t.Fatalf("pushed %s; want event %d %s", g.Body, fresh[i].Seq, fresh[i].Type)
+			}
+		}
+	})
+
+	t.Run("a failed post is sent again when Lambda retries its record", func(t *testing.T) {
+		if _, err := p.store.AppendSandboxEvents(ctx, runID, "", []belay.EventInput{
+			{Time: time.Now().UTC(), Type: belay.EventAgentMessage, Data: json.RawMessage(`{"text":"one"}`)},
+			{Time: time.Now().UTC(), Type: belay.EventAgentMessage, Data: json.RawMessage(`{"text":"two"}`)},
+			{Time: time.Now().UTC(), Type: belay.EventAgentMessage, Data: json.RawMessage(`{"text":"three"}`)},
+		}, belay.DefaultSandboxEventLimits()); err != nil {
+			t.Fatal(err)
+		}
+		all := runEvents(t, p.store, runID)
+		fresh := all[len(all)-3:]
+		raw, err := os.ReadFile("ws/testdata/stream.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream := []byte(strings.ReplaceAll(string(raw), testdataRunID, runID))
+		mgmt.mu.Lock()
+		mgmt.failAfter[testdataConnectionID] = 1 // the first goes through, the second fails
+		mgmt.mu.Unlock()
+		var out events.DynamoDBEventResponse
+		fn.Result(t, stream, &out)
+		if len(out.BatchItemFailures) == 0 {
+			t.Fatal("a failed post left its record done; Lambda would not try it again")
+		}
+		got := mgmt.take(t)
+		if len(got) != 1 {
+			t.Fatalf("pushed %d before the failure; want 1", len(got))
+		}
+		// Lambda tries the failed record again.
+		fn.Result(t, stream, &out)
+		if len(out.BatchItemFailures) != 0 {
+			t.Fatalf("the retry failed too: %+v", out.BatchItemFailures)
+		}
+		got = append(got, mgmt.take(t)...)
+		if len(got) != len(fresh) {
+			t.Fatalf("pushed %d in all; want the %d new events once each", len(got), len(fresh))
+		}
+		for i, g := range got {
+			var e belay.SessionEvent
+			if err := json.Unmarshal(g.Body, &e); err != nil || e.RunSeq != fresh[i].Seq || g.Connection != testdataConnectionID {
+				t.Fatalf("push %d: %s to %s; want event %d", i, g.Body, g.Connection, fresh[i].Seq)
 			}
 		}
 	})

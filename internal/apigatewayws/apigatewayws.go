@@ -209,7 +209,11 @@ func (h *Handler) HandleRoute(ctx context.Context, ev events.APIGatewayWebsocket
 		reply := h.cfg.Server.SessionMessage(ctx, c.SessionID, body)
 		data, _ := json.Marshal(reply)
 		if err := h.cfg.Poster.PostToConnection(ctx, id, data); err != nil {
-			h.lost(ctx, log, id, err)
+			if errors.Is(err, ErrGone) {
+				h.forget(ctx, log, id)
+			} else {
+				log.Warn("post the answer to a websocket message failed", "err", err.Error())
+			}
 			return answer(http.StatusOK, "")
 		}
 		if err := h.push(ctx, c.SessionID); err != nil {
@@ -265,7 +269,12 @@ const pushPage = 100
 
 // push sends each of the session's connections the events it has not had,
 // in order: per page, it first claims the page (AdvanceConnection from
-// what was sent), then posts it.
+// what was sent), then posts it. A post that fails (other than a gone
+// connection) gives back the rest of the page (AdvanceConnection down to
+// the last event posted) and fails the push, so that the record is tried
+// again and the connection gets those events, in order: a client may see
+// an event twice then (API Gateway may have delivered a post it answered
+// with an error), never miss one; events carry their seq for that.
 func (h *Handler) push(ctx context.Context, sessionID string) error {
 	conns, err := h.cfg.Store.SessionConnections(ctx, sessionID)
 	if err != nil || len(conns) == 0 {
@@ -275,6 +284,7 @@ func (h *Handler) push(ctx context.Context, sessionID string) error {
 	if err != nil {
 		return err
 	}
+	var failed []error
 	for _, c := range conns {
 		log := h.log.With("connection_id", c.ID, "session_id", sessionID)
 	pages:
@@ -294,33 +304,51 @@ func (h *Handler) push(ctx context.Context, sessionID string) error {
 			if !claimed {
 				break // another push has these
 			}
+			posted := c.Sent
 			for _, e := range page.Events {
 				data, err := json.Marshal(e)
 				if err != nil {
 					return err
 				}
 				if err := h.cfg.Poster.PostToConnection(ctx, c.ID, data); err != nil {
-					h.lost(ctx, log, c.ID, err)
+					if errors.Is(err, ErrGone) {
+						h.forget(ctx, log, c.ID)
+						break pages
+					}
+					failed = append(failed, err)
+					h.giveBack(ctx, log, c.ID, last, posted, err)
 					break pages
 				}
+				posted = e.Seq
 			}
 			c.Sent = last
 		}
 	}
-	return nil
+	return errors.Join(failed...)
 }
 
-// lost deletes a connection API Gateway no longer has, and logs any other
-// failure to post (the events claimed for it are not sent again).
-func (h *Handler) lost(ctx context.Context, log *slog.Logger, id string, err error) {
-	if errors.Is(err, ErrGone) {
-		log.Info("websocket gone; forgetting it")
-		if err := h.cfg.Store.DeleteConnection(ctx, id); err != nil {
-			log.Error("delete a gone connection", "err", err.Error())
-		}
-		return
+// giveBack returns the events after posted that a failed post left
+// claimed, so the next push sends them. If another push has moved on
+// meanwhile, they are lost to this connection: its client catches up
+// with ?after=.
+func (h *Handler) giveBack(ctx context.Context, log *slog.Logger, id string, claimed, posted int64, cause error) {
+	back, err := h.cfg.Store.AdvanceConnection(ctx, id, claimed, posted)
+	switch {
+	case err != nil:
+		log.Error("post to a websocket failed, and giving its events back failed", "post_err", cause.Error(), "err", err.Error())
+	case !back:
+		log.Warn("post to a websocket failed after another push moved on; the client catches up with ?after=", "err", cause.Error(), "from_seq", posted)
+	default:
+		log.Warn("post to a websocket failed; the record is tried again from the last event posted", "err", cause.Error(), "from_seq", posted)
 	}
-	log.Warn("post to a websocket failed", "err", err.Error())
+}
+
+// forget deletes a connection API Gateway no longer has.
+func (h *Handler) forget(ctx context.Context, log *slog.Logger, id string) {
+	log.Info("websocket gone; forgetting it")
+	if err := h.cfg.Store.DeleteConnection(ctx, id); err != nil {
+		log.Error("delete a gone connection", "err", err.Error())
+	}
 }
 
 func keyString(v events.DynamoDBAttributeValue) string {

@@ -56,6 +56,7 @@ type ConnectionStore interface {
 	// one conditional write and reports whether it did: false, changing
 	// nothing, when Sent is no longer `from` (another pusher took those
 	// events) or the connection is gone. Of concurrent calls with the same
-	// `from`, at most one succeeds.
+	// `from`, at most one succeeds. `to` may be below `from`: a pusher
+	// gives back events it claimed and could not post.
 	AdvanceConnection(ctx context.Context, id string, from, to int64) (bool, error)
 }
