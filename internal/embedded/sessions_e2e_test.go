@@ -504,7 +504,9 @@ func TestSessionTurnResumes(t *testing.T) {
 		{ToolCalls: []scriptedmodel.ToolCall{toolCallOf(t, "finish", map[string]string{"summary": "Added sub; the sleep was interrupted."})}},
 	}}
 	p := newProvider(t, script, 0)
-	pl := startWith(t, p, nil, "")
+	// Under the OCI launcher, belay serve's default: the turn's sandbox is
+	// the image under runc, killed as Fargate would lose a task.
+	pl := startResume(t, p, embedded.LauncherOCI)
 	ctx := context.Background()
 	created, err := pl.c.CreateSession(ctx, calcSession(t, &belay.ApprovalConfig{Policy: belay.PolicyAllowAll}))
 	if err != nil {
