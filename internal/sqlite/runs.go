@@ -22,7 +22,7 @@ const runStateColumns = `id, status, request_hash, created_at, updated_at, start
 	checks, changed_files, artifacts, last_seq, attempt, sandbox_ref, sandbox_events, sandbox_event_bytes,
 	checkpoint, lost_attempts`
 
-// runColumns are runStateColumns and then the request, from runs.
+// runColumns are runStateColumns and then the request, from run_requests.
 const runColumns = runStateColumns + `, (SELECT request FROM run_requests WHERE run_id = runs.id)`
 
 // scanner is a *sql.Row or *sql.Rows.
