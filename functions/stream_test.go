@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
 	"github.com/belay-dev/belay/internal/belay"
 	"github.com/belay-dev/belay/internal/rie"
 )
@@ -79,6 +80,72 @@ func TestStream(t *testing.T) {
 		resp := streamed(t, fn, apiEvent(t, "stream", "events-sse.json", forRun(done), withHeader("Authorization", "Bearer wrong-token-wrong-token")))
 		if resp.StatusCode != 401 {
 			t.Fatalf("wrong token: %d %s, want 401", resp.StatusCode, resp.Body)
+		}
+	})
+
+	t.Run("a session's stream across its turns", func(t *testing.T) {
+		// A closed session whose one turn's run has completed, its end not
+		// yet recorded on the session (the api function records it when it
+		// next reads the session): the stream function reads the turn's
+		// state from its run, writing nothing, and the stream ends by
+		// itself, well before this function's limit.
+		ctx := t.Context()
+		now := time.Now().UTC()
+		if err := p.store.CreateSession(ctx, belay.Session{ID: testdataSessionID, Status: belay.SessionIdle, CreatedAt: now, UpdatedAt: now,
+			Request: belay.SessionRequest{Model: testModel, MaxSteps: 4, WallTimeSeconds: 120,
+				Files:        []belay.File{{Path: "calc.py", Content: "def add(a, b):\n    return a - b\n"}},
+				AllowedPaths: []string{"calc.py"}, Checks: [][]string{{"python3", "-m", "pytest", "-q"}},
+				Approval: belay.ApprovalConfig{Policy: belay.PolicyDenyAll, TimeoutSeconds: 120}}}); err != nil {
+			t.Fatal(err)
+		}
+		turnRun := newRunID()
+		seedRun(t, p.store, turnRun)
+		if _, err := p.store.StartTurn(ctx, testdataSessionID, belay.Turn{Turn: 1, RunID: turnRun, Status: belay.StatusQueued, Text: "Fix add.", CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+		startRun(t, p.store, turnRun)
+		if _, err := p.store.AppendEvents(ctx, turnRun, "", []belay.EventInput{
+			{Time: now, Type: belay.EventAgentMessage, Data: json.RawMessage(`{"text":"on it"}`)},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.store.Transition(ctx, turnRun, belay.Transition{To: belay.StatusCompleted, At: now,
+			Events: []belay.EventInput{{Time: now, Type: belay.EventRunCompleted, Data: json.RawMessage(`{}`)}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.store.CloseSession(ctx, testdataSessionID, now); err != nil {
+			t.Fatal(err)
+		}
+		before, err := p.store.GetSession(ctx, testdataSessionID)
+		if err != nil || before.Turns[0].Status.Terminal() {
+			t.Fatalf("setup: session %+v, %v; want its turn's end unrecorded", before, err)
+		}
+		turnEvents := runEvents(t, p.store, turnRun)
+
+		limited := rie.Start(t, "stream", p.env(map[string]string{"BELAY_TOKEN": controlToken, "BELAY_STREAM_MAX_SECONDS": "5"}))
+		resp := streamed(t, limited, apiEvent(t, "stream", "session-events-sse.json"))
+		body := string(resp.Body)
+		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header("Content-Type"), "text/event-stream") {
+			t.Fatalf("session SSE: %d %q\n%s", resp.StatusCode, resp.Header("Content-Type"), body)
+		}
+		// Last-Event-ID 1000000001 in the testdata: turn 1's events after its first.
+		ids := sseIDs(body)
+		if len(ids) != len(turnEvents)-1 || ids[0] != jsonSeq(belay.SessionSeq(1, 2)) || ids[len(ids)-1] != jsonSeq(belay.SessionSeq(1, turnEvents[len(turnEvents)-1].Seq)) {
+			t.Fatalf("ids %v after Last-Event-ID 1000000001; want turn 1's events 2..%d\n%s", ids, turnEvents[len(turnEvents)-1].Seq, body)
+		}
+		if strings.Contains(body, "retry:") || !strings.Contains(body, "event: run.completed") {
+			t.Fatalf("a closed session's stream must end by itself after its last event, not at the limit:\n%s", body)
+		}
+		after, err := p.store.GetSession(ctx, testdataSessionID)
+		if err != nil || after.Version != before.Version {
+			t.Fatalf("the stream function wrote the session: version %d → %d (%v)", before.Version, after.Version, err)
+		}
+		resp = streamed(t, fn, apiEvent(t, "stream", "session-events-sse.json", func(ev *events.APIGatewayProxyRequest) {
+			ev.Path = strings.ReplaceAll(ev.Path, testdataSessionID, "ses_nosuchsessionaaaaaaaaaaaaa")
+			ev.PathParameters["id"] = "ses_nosuchsessionaaaaaaaaaaaaa"
+		}))
+		if resp.StatusCode != 404 || errorCode(t, string(resp.Body)) != belay.CodeNotFound {
+			t.Fatalf("unknown session: %d %s, want 404 not_found", resp.StatusCode, resp.Body)
 		}
 	})
 

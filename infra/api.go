@@ -27,8 +27,9 @@ func streamTimeout() awscdk.Duration { return awscdk.Duration_Minutes(jsii.Numbe
 
 // api builds the two REST APIs.
 //
-// The public API (regional): the event stream route, streamed, to the
-// stream function; every other /v1 route, buffered, to the api function.
+// The public API (regional): the event stream routes of runs and sessions,
+// streamed, to the stream function; every other /v1 route, buffered, to
+// the api function.
 // Callers present the control-plane token (checked by the functions), or,
 // with -c auth=sigv4, an AWS signature that API Gateway checks (IAM).
 //
@@ -70,6 +71,12 @@ func (s *belayStack) api() {
 	run.AddMethod(jsii.String("ANY"), buffered, nil)
 	run.AddProxy(&awsapigateway.ProxyResourceOptions{DefaultIntegration: buffered, AnyMethod: jsii.Bool(true)})
 	run.AddResource(jsii.String("events"), nil).AddMethod(jsii.String("GET"), streamed, nil)
+	sessions := v1.AddResource(jsii.String("sessions"), nil)
+	sessions.AddMethod(jsii.String("ANY"), buffered, nil)
+	sess := sessions.AddResource(jsii.String("{id}"), nil)
+	sess.AddMethod(jsii.String("ANY"), buffered, nil)
+	sess.AddProxy(&awsapigateway.ProxyResourceOptions{DefaultIntegration: buffered, AnyMethod: jsii.Bool(true)})
+	sess.AddResource(jsii.String("events"), nil).AddMethod(jsii.String("GET"), streamed, nil)
 
 	if s.cfg.Auth == authSigV4 {
 		// Attach this policy to the roles (or groups) allowed to call belay.

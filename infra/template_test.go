@@ -297,7 +297,7 @@ func TestPublicAPIRoutes(t *testing.T) {
 				if p["AuthorizationType"] != tc.auth {
 					t.Errorf("%s %s: authorization %v, want %s", p["HttpMethod"], path, p["AuthorizationType"], tc.auth)
 				}
-				if path == "/v1/runs/{id}/events" {
+				if path == "/v1/runs/{id}/events" || path == "/v1/sessions/{id}/events" {
 					events++
 					if p["HttpMethod"] != "GET" || integ["ResponseTransferMode"] != "STREAM" || !mentions(integ["Uri"], streamFn) ||
 						!strings.Contains(fmt.Sprint(integ["Uri"]), "response-streaming-invocations") || fmt.Sprint(integ["TimeoutInMillis"]) != "900000" {
@@ -312,8 +312,8 @@ func TestPublicAPIRoutes(t *testing.T) {
 					t.Errorf("%s %s is not a buffered proxy to the api function: %v", p["HttpMethod"], path, integ)
 				}
 			}
-			if events != 1 {
-				t.Errorf("%d events routes, want 1", events)
+			if events != 2 {
+				t.Errorf("%d events routes, want 2 (a run's and a session's)", events)
 			}
 			// Access logs and throttling on the stage.
 			check(t, "public stage", func() {

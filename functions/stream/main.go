@@ -1,9 +1,10 @@
-// Command stream is the Lambda function behind GET /v1/runs/{id}/events on
-// the public REST API, whose integration streams the response
-// (responseTransferMode STREAM): the run's events as SSE, resumed from
-// DynamoDB at Last-Event-ID, with heartbeats, and closed with a retry hint
-// before the integration's limit so the client reconnects and loses
-// nothing. The README lists its environment.
+// Command stream is the Lambda function behind GET /v1/runs/{id}/events
+// and GET /v1/sessions/{id}/events on the public REST API, whose
+// integrations stream the response (responseTransferMode STREAM): the
+// events as SSE (or NDJSON), resumed from DynamoDB at Last-Event-ID, with
+// heartbeats, and closed with a retry hint before the integration's limit
+// so the client reconnects and loses nothing. It only reads the table. The
+// README lists its environment.
 package main
 
 import (
@@ -29,10 +30,10 @@ func build(ctx context.Context, env *lambdaenv.Env, log *slog.Logger) (apigatewa
 	if err != nil {
 		return nil, err
 	}
-	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, PublicAuth: auth, Logger: log})
+	h, err := env.HTTP(lambdaenv.HTTPParts{Store: store, PublicAuth: auth, ReadSessions: true, Logger: log})
 	if err != nil {
 		return nil, err
 	}
-	return apigateway.Streaming(apigateway.Only(h, apigateway.EventsRoute),
+	return apigateway.Streaming(apigateway.Only(h, apigateway.StreamRoutes),
 		apigateway.StreamOptions{Options: apigateway.Options{Logger: log}, MaxDuration: maxStream}), nil
 }

@@ -71,7 +71,7 @@ func TestBufferedRoutesAndAccessLine(t *testing.T) {
 		t.Fatalf("SSE through a buffered function: %d %s", resp.StatusCode, resp.Body)
 	}
 	// A session's SSE form would be held until the function's timeout too:
-	// refused, naming the WebSocket API. Its NDJSON form is served.
+	// refused, naming the streaming route. Its NDJSON form is served.
 	for _, q := range []struct {
 		path   string
 		header map[string]string
@@ -85,7 +85,7 @@ func TestBufferedRoutesAndAccessLine(t *testing.T) {
 			e.Path, e.QueryStringParameters = p, map[string]string{k: v}
 		}
 		resp, _ = serve(t.Context(), e)
-		if resp.StatusCode != 400 || !strings.Contains(resp.Body, `"code":"invalid"`) || !strings.Contains(resp.Body, "WebSocket API") {
+		if resp.StatusCode != 400 || !strings.Contains(resp.Body, `"code":"invalid"`) || !strings.Contains(resp.Body, "streaming route") {
 			t.Fatalf("session SSE (%s) through a buffered function: %d %s", q.path, resp.StatusCode, resp.Body)
 		}
 	}

@@ -45,8 +45,11 @@ func ModelProxy(r *http.Request) bool { return r.URL.Path == ChatCompletionsPath
 // SandboxAPI accepts the internal routes other than the model proxy.
 func SandboxAPI(r *http.Request) bool { return Internal(r) && !ModelProxy(r) }
 
-// EventsRoute accepts GET /v1/runs/{id}/events, the route the stream
-// function serves.
+// StreamRoutes accepts the routes the stream function serves: a run's
+// events and a session's.
+func StreamRoutes(r *http.Request) bool { return EventsRoute(r) || SessionEventsRoute(r) }
+
+// EventsRoute accepts GET /v1/runs/{id}/events.
 func EventsRoute(r *http.Request) bool {
 	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/runs/")
 	if !ok || r.Method != http.MethodGet {
@@ -66,22 +69,15 @@ func SessionEventsRoute(r *http.Request) bool {
 	return id != "" && tail == "events"
 }
 
-// NoStreams answers an SSE request with 400 invalid saying where the
-// stream is: a buffered integration would hold it until the function's
-// timeout and then lose it. A run's stream is served by the streaming
-// route of the same path; a session's is followed live over the WebSocket
-// API (its events are NDJSON here). Other requests go to h.
+// NoStreams answers an SSE request for a run's or a session's events with
+// 400 invalid naming the streaming route of the same path: a buffered
+// integration would hold it until the function's timeout and then lose
+// it. Other requests go to h.
 func NoStreams(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case !httpapi.WantsStream(r):
-		case EventsRoute(r):
+		if StreamRoutes(r) && httpapi.WantsStream(r) {
 			writeError(w, r, http.StatusBadRequest, belay.CodeInvalid,
-				"this route answers NDJSON; the SSE stream of a run's events is served by the streaming route of the same path")
-			return
-		case SessionEventsRoute(r):
-			writeError(w, r, http.StatusBadRequest, belay.CodeInvalid,
-				"on AWS a session's events are answered here as NDJSON (?after=SEQ); follow a session live over the WebSocket API (belay session chat)")
+				"this route answers NDJSON; the SSE stream of these events is served by the streaming route of the same path")
 			return
 		}
 		h.ServeHTTP(w, r)

@@ -94,6 +94,11 @@ type Config struct {
 	// it builds each turn's workspace (gitsource.Workspaces). Without it
 	// those routes answer not_found, and the handler links no git code.
 	Workspaces belay.Workspaces
+	// ReadSessions, without Workspaces, serves a session's event stream
+	// (GET /v1/sessions/{id}/events) from the store alone
+	// (session.Reader), writing nothing; the other session routes answer
+	// not_found. The stream function on AWS.
+	ReadSessions bool
 	// Webhooks, when set, serves POST /v1/webhooks/github (no bearer: the
 	// signature is the credential).
 	Webhooks http.Handler
@@ -152,6 +157,7 @@ type Server struct {
 	sources       belay.SourceStore
 	intake        *intake.Service
 	sessions      *session.Service
+	sessionReads  sessionReader // sessions, or a session.Reader (Config.ReadSessions); nil for neither
 	webhooks      http.Handler
 
 	entropyMu sync.Mutex
@@ -277,6 +283,9 @@ func New(cfg Config) (*Server, error) {
 		if s.sessions, err = s.newSessions(cfg.Workspaces); err != nil {
 			return nil, fmt.Errorf("httpapi: %w", err)
 		}
+		s.sessionReads = s.sessions
+	} else if cfg.ReadSessions {
+		s.sessionReads = session.Reader{Store: s.store}
 	}
 
 	s.base, s.cancelBase = context.WithCancel(context.Background())
@@ -310,12 +319,12 @@ func New(cfg Config) (*Server, error) {
 		"DELETE /v1/sessions/{id}":        s.handleCloseSession,
 		"POST /v1/sessions/{id}/messages": s.handleSendMessage,
 		"POST /v1/sessions/{id}/stop":     s.handleStopSession,
-		"GET /v1/sessions/{id}/events":    s.handleSessionEvents,
 		"GET /v1/sessions/{id}/patch":     s.handleSessionPatch,
 		"GET /v1/sessions/{id}/ws":        s.handleSessionWebSocket,
 	} {
 		s.public.HandleFunc(pattern, s.withSessions(h))
 	}
+	s.public.HandleFunc("GET /v1/sessions/{id}/events", s.handleSessionEvents)
 	if s.webhooks != nil {
 		s.public.Handle("POST "+wire.GitHubWebhookPath, s.webhooks)
 	}

@@ -33,6 +33,13 @@ func sessionID(r *http.Request) (string, error) {
 // Config.Workspaces was not set.
 func (s *Server) Sessions() *session.Service { return s.sessions }
 
+// sessionReader is what a session's event routes read: the session
+// service, or a session.Reader where the handler runs no sessions.
+type sessionReader interface {
+	Get(ctx context.Context, id string) (belay.Session, error)
+	Events(ctx context.Context, sess belay.Session, after int64, limit int) (session.EventPage, error)
+}
+
 // withSessions answers not_found on the session routes of a handler built
 // without sessions.
 func (s *Server) withSessions(h http.HandlerFunc) http.HandlerFunc {
@@ -177,6 +184,10 @@ func (s *Server) handleSessionPatch(w http.ResponseWriter, r *http.Request) {
 // with Last-Event-ID). Sequence numbers are session-wide
 // (belay.SessionSeq).
 func (s *Server) handleSessionEvents(w http.ResponseWriter, r *http.Request) {
+	if s.sessionReads == nil {
+		s.writeError(w, r, belay.Errorf(belay.CodeNotFound, "this control plane does not run sessions"))
+		return
+	}
 	id, err := sessionID(r)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -191,12 +202,12 @@ func (s *Server) handleSessionEvents(w http.ResponseWriter, r *http.Request) {
 		s.streamSession(w, r, id, q.after)
 		return
 	}
-	sess, err := s.sessions.Get(r.Context(), id)
+	sess, err := s.sessionReads.Get(r.Context(), id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	page, err := s.sessions.Events(r.Context(), sess, q.after, q.limit)
+	page, err := s.sessionReads.Events(r.Context(), sess, q.after, q.limit)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -213,11 +224,11 @@ func (s *Server) followSession(ctx context.Context, id string, after int64,
 ) error {
 	for {
 		changed := s.eventsChanged()
-		sess, err := s.sessions.Get(ctx, id)
+		sess, err := s.sessionReads.Get(ctx, id)
 		if err != nil {
 			return err
 		}
-		page, err := s.sessions.Events(ctx, sess, after, ssePageSize)
+		page, err := s.sessionReads.Events(ctx, sess, after, ssePageSize)
 		if err != nil {
 			return err
 		}
@@ -247,12 +258,12 @@ func (s *Server) streamSession(w http.ResponseWriter, r *http.Request, id string
 	ctx := r.Context()
 	// The first read happens before any header, so an unknown session is a
 	// normal JSON 404.
-	sess, err := s.sessions.Get(ctx, id)
+	sess, err := s.sessionReads.Get(ctx, id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if page, err := s.sessions.Events(ctx, sess, after, 1); err != nil {
+	if page, err := s.sessionReads.Events(ctx, sess, after, 1); err != nil {
 		s.writeError(w, r, err)
 		return
 	} else if page.Ended && len(page.Events) == 0 {

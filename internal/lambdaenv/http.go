@@ -41,6 +41,9 @@ type HTTPParts struct {
 	// gitsource.Workspaces); the other functions leave it nil and link no
 	// git code.
 	Workspaces belay.Workspaces
+	// ReadSessions serves a session's event stream from the store alone,
+	// writing nothing (httpapi.Config.ReadSessions): stream.
+	ReadSessions bool
 	// Git fetches git sources (POST /v1/runs and sessions with
 	// source.git): api only, with gitsource and the git credentials
 	// (lambdaenv/gitenv); the bundles go to Artifacts, which must keep
@@ -115,6 +118,7 @@ func (e *Env) HTTP(p HTTPParts) (*httpapi.Server, error) {
 		Logger:        p.Logger,
 		Presigner:     p.Presigner,
 		Workspaces:    p.Workspaces,
+		ReadSessions:  p.ReadSessions,
 		Git:           p.Git,
 		Sources:       sources,
 

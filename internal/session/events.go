@@ -27,6 +27,38 @@ type EventPage struct {
 // turn after is in, then the turns after it, stopping at a turn still
 // running. sess should be fresh (Get or Refresh).
 func (s *Service) Events(ctx context.Context, sess belay.Session, after int64, limit int) (EventPage, error) {
+	return Reader{Store: s.cfg.Store}.Events(ctx, sess, after, limit)
+}
+
+// Reader reads sessions and their event streams and writes nothing: what
+// a handler that only serves the stream needs (the stream function on
+// AWS, whose access to the table is read-only).
+type Reader struct{ Store belay.Store }
+
+// Get returns the session with its last turn's status as the turn's run
+// has it. Unlike Service.Get it does not record the end of a turn (the
+// next Service that reads the session does). Returns not_found.
+func (r Reader) Get(ctx context.Context, id string) (belay.Session, error) {
+	sess, err := r.Store.GetSession(ctx, id)
+	if err != nil {
+		return belay.Session{}, err
+	}
+	if last := sess.LastTurn(); last != nil && !last.Status.Terminal() {
+		run, err := r.Store.GetRun(ctx, last.RunID)
+		switch {
+		case belay.IsCode(err, belay.CodeNotFound):
+			// Its run is not stored yet: the turn is queued.
+		case err != nil:
+			return belay.Session{}, err
+		default:
+			sess.Turns[len(sess.Turns)-1].Status = run.Status
+		}
+	}
+	return sess, nil
+}
+
+// Events is Service.Events.
+func (r Reader) Events(ctx context.Context, sess belay.Session, after int64, limit int) (EventPage, error) {
 	var page EventPage
 	turn, seq := belay.SplitSessionSeq(after)
 	if turn < 1 {
@@ -35,7 +67,7 @@ func (s *Service) Events(ctx context.Context, sess belay.Session, after int64, l
 	caughtUp := true
 	for ; turn <= len(sess.Turns) && len(page.Events) < limit; turn, seq = turn+1, 0 {
 		t := sess.Turns[turn-1]
-		p, err := s.cfg.Store.ListEvents(ctx, t.RunID, seq, limit-len(page.Events))
+		p, err := r.Store.ListEvents(ctx, t.RunID, seq, limit-len(page.Events))
 		if belay.IsCode(err, belay.CodeNotFound) {
 			continue // a turn whose run was never stored has no events
 		}
