@@ -45,23 +45,15 @@ func ModelProxy(r *http.Request) bool { return r.URL.Path == ChatCompletionsPath
 // SandboxAPI accepts the internal routes other than the model proxy.
 func SandboxAPI(r *http.Request) bool { return Internal(r) && !ModelProxy(r) }
 
-// StreamRoutes accepts the routes the stream function serves: a run's
-// events and a session's.
-func StreamRoutes(r *http.Request) bool { return EventsRoute(r) || SessionEventsRoute(r) }
-
-// EventsRoute accepts GET /v1/runs/{id}/events.
-func EventsRoute(r *http.Request) bool {
-	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/runs/")
-	if !ok || r.Method != http.MethodGet {
-		return false
-	}
-	id, tail, _ := strings.Cut(rest, "/")
-	return id != "" && tail == "events"
+// StreamRoutes accepts the routes the stream function serves: GET
+// /v1/runs/{id}/events and GET /v1/sessions/{id}/events.
+func StreamRoutes(r *http.Request) bool {
+	return eventsRoute(r, "/v1/runs/") || eventsRoute(r, "/v1/sessions/")
 }
 
-// SessionEventsRoute accepts GET /v1/sessions/{id}/events.
-func SessionEventsRoute(r *http.Request) bool {
-	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/sessions/")
+// eventsRoute accepts GET <prefix>{id}/events.
+func eventsRoute(r *http.Request, prefix string) bool {
+	rest, ok := strings.CutPrefix(r.URL.Path, prefix)
 	if !ok || r.Method != http.MethodGet {
 		return false
 	}
