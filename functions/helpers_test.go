@@ -27,10 +27,12 @@ import (
 // functions with or replace.
 const (
 	testdataRunID = "run_testdatarunidaaaaaaaaaaaaaaaaa"
-	controlToken  = "belay-testdata-control-token-0001"
-	testModel     = "scripted-fix-calc"
-	stateMachine  = "arn:aws:states:eu-west-1:123456789012:stateMachine:belay-runs"
-	clusterARN    = "arn:aws:ecs:eu-west-1:123456789012:cluster/belay-sandboxes"
+	// testdataSessionID is the session of the ws and stream testdata.
+	testdataSessionID = "ses_testdatasessionaaaaaaaaaaaa"
+	controlToken      = "belay-testdata-control-token-0001"
+	testModel         = "scripted-fix-calc"
+	stateMachine      = "arn:aws:states:eu-west-1:123456789012:stateMachine:belay-runs"
+	clusterARN        = "arn:aws:ecs:eu-west-1:123456789012:cluster/belay-sandboxes"
 )
 
 func TestMain(m *testing.M) {
@@ -333,5 +335,18 @@ func waitMetrics(tb testing.TB, fn *rie.Function, want map[string]float64) {
 			got[name] = metricSum(fn, name)
 		}
 		tb.Fatalf("%s's metrics: %v, want %v", fn.Name, got, want)
+	}
+}
+
+// createSession stores the idle session the testdata's events name
+// (testdataSessionID) over calc.py, created at now.
+func createSession(tb testing.TB, st belay.Store, now time.Time) {
+	tb.Helper()
+	if err := st.CreateSession(tb.Context(), belay.Session{ID: testdataSessionID, Status: belay.SessionIdle, CreatedAt: now, UpdatedAt: now,
+		Request: belay.SessionRequest{Model: testModel, MaxSteps: 4, WallTimeSeconds: 120,
+			Files:        []belay.File{{Path: "calc.py", Content: "def add(a, b):\n    return a - b\n"}},
+			AllowedPaths: []string{"calc.py"}, Checks: [][]string{{"python3", "-m", "pytest", "-q"}},
+			Approval: belay.ApprovalConfig{Policy: belay.PolicyDenyAll, TimeoutSeconds: 120}}}); err != nil {
+		tb.Fatal(err)
 	}
 }

@@ -91,13 +91,7 @@ func TestStream(t *testing.T) {
 		// itself, well before this function's limit.
 		ctx := t.Context()
 		now := time.Now().UTC()
-		if err := p.store.CreateSession(ctx, belay.Session{ID: testdataSessionID, Status: belay.SessionIdle, CreatedAt: now, UpdatedAt: now,
-			Request: belay.SessionRequest{Model: testModel, MaxSteps: 4, WallTimeSeconds: 120,
-				Files:        []belay.File{{Path: "calc.py", Content: "def add(a, b):\n    return a - b\n"}},
-				AllowedPaths: []string{"calc.py"}, Checks: [][]string{{"python3", "-m", "pytest", "-q"}},
-				Approval: belay.ApprovalConfig{Policy: belay.PolicyDenyAll, TimeoutSeconds: 120}}}); err != nil {
-			t.Fatal(err)
-		}
+		createSession(t, p.store, now)
 		turnRun := newRunID()
 		seedRun(t, p.store, turnRun)
 		if _, err := p.store.StartTurn(ctx, testdataSessionID, belay.Turn{Turn: 1, RunID: turnRun, Status: belay.StatusQueued, Text: "Fix add.", CreatedAt: now}); err != nil {

@@ -29,7 +29,6 @@ import (
 )
 
 const (
-	testdataSessionID    = "ses_testdatasessionaaaaaaaaaaaa"
 	testdataConnectionID = "Tq1hZcF6joECJAw="
 	wsAccessKey          = "AKIDBELAYWSTEST00001"
 )
@@ -160,13 +159,7 @@ func TestWebSocketFunction(t *testing.T) {
 	// on is in it, for the subtest that replays it.
 	stream := enableStream(t, p)
 	now := time.Now().UTC()
-	if err := p.store.CreateSession(ctx, belay.Session{ID: testdataSessionID, Status: belay.SessionIdle, CreatedAt: now, UpdatedAt: now,
-		Request: belay.SessionRequest{Model: testModel, MaxSteps: 4, WallTimeSeconds: 120,
-			Files:        []belay.File{{Path: "calc.py", Content: "def add(a, b):\n    return a - b\n"}},
-			AllowedPaths: []string{"calc.py"}, Checks: [][]string{{"python3", "-m", "pytest", "-q"}},
-			Approval: belay.ApprovalConfig{Policy: belay.PolicyDenyAll, TimeoutSeconds: 120}}}); err != nil {
-		t.Fatal(err)
-	}
+	createSession(t, p.store, now)
 
 	t.Run("connect refuses a wrong token and an unknown session", func(t *testing.T) {
 		resp := buffered(t, fn, wsEvent(t, "connect.json", func(ev *events.APIGatewayWebsocketProxyRequest) {
@@ -253,11 +246,7 @@ func TestWebSocketFunction(t *testing.T) {
 		}, belay.DefaultSandboxEventLimits()); err != nil {
 			t.Fatal(err)
 		}
-		raw, err := os.ReadFile("ws/testdata/stream.json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		stream := []byte(strings.ReplaceAll(string(raw), testdataRunID, runID))
+		stream := streamEvent(t, runID)
 		var out events.DynamoDBEventResponse
 		fn.Result(t, stream, &out)
 		if len(out.BatchItemFailures) != 0 {
@@ -346,11 +335,7 @@ func TestWebSocketFunction(t *testing.T) {
 		}
 		all := runEvents(t, p.store, runID)
 		fresh := all[len(all)-3:]
-		raw, err := os.ReadFile("ws/testdata/stream.json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		stream := []byte(strings.ReplaceAll(string(raw), testdataRunID, runID))
+		stream := streamEvent(t, runID)
 		mgmt.mu.Lock()
 		mgmt.failAfter[testdataConnectionID] = 1 // the first goes through, the second fails
 		mgmt.mu.Unlock()
@@ -517,4 +502,15 @@ func lambdaRecord(tb testing.TB, arn string, r streamtypes.Record) events.Dynamo
 		rec.Change.ApproximateCreationDateTime = events.SecondsEpochTime{Time: *t}
 	}
 	return rec
+}
+
+// streamEvent is the testdata's DynamoDB stream event with its records
+// about run runID.
+func streamEvent(tb testing.TB, runID string) []byte {
+	tb.Helper()
+	raw, err := os.ReadFile("ws/testdata/stream.json")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return []byte(strings.ReplaceAll(string(raw), testdataRunID, runID))
 }
