@@ -33,27 +33,28 @@ const sessionScript = `{"name": "cli-session", "steps": [
     {"name": "finish", "arguments": {"summary": "Added sub."}}]}
 ]}`
 
-// TestSessionCommands: belay session new uploads DIR (with a skill),
-// session chat reads the person's lines (a message, the answer to the
-// approval the turn asks for inline, the next message typed ahead, /quit),
-// streams the events, and session show and session patch show the two
-// turns and their summed change.
-func TestSessionCommands(t *testing.T) {
+// startSessionServer starts belay with the real sandbox entry and
+// sessionScript as its model.
+func startSessionServer(t *testing.T) *server {
+	t.Helper()
 	entry := embeddedtest.RealSandbox(t)
 	scriptFile := filepath.Join(t.TempDir(), "script.json")
 	if err := os.WriteFile(scriptFile, []byte(sessionScript), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := startServer(t, func(c *embedded.Config) {
+	return startServer(t, func(c *embedded.Config) {
 		c.SandboxBin = entry
 		c.ScriptedModel = scriptFile
 	})
-	skill := filepath.Join(t.TempDir(), "Calc-Style.md")
-	if err := os.WriteFile(skill, []byte("# How calc.py is written\n\nEvery function is one line.\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r := s.belay(t, "session", "new", project(t), "--allow", "calc.py", "--check", "python3 -m pytest -q",
-		"--approval", "ask", "--skill", skill, "--max-steps", "3")
+}
+
+// newSession runs belay session new over project(t) (calc.py may change,
+// pytest checks, every tool asked) with extra flags, and returns its id.
+func (s *server) newSession(t *testing.T, extra ...string) string {
+	t.Helper()
+	args := append([]string{"session", "new", project(t), "--allow", "calc.py", "--check", "python3 -m pytest -q",
+		"--approval", "ask", "--max-steps", "3"}, extra...)
+	r := s.belay(t, args...)
 	if r.code != 0 {
 		t.Fatalf("belay session new = %d: %s", r.code, r.stderr)
 	}
@@ -61,6 +62,21 @@ func TestSessionCommands(t *testing.T) {
 	if !strings.HasPrefix(id, "ses_") {
 		t.Fatalf("belay session new printed %q; want a session id", r.stdout)
 	}
+	return id
+}
+
+// TestSessionCommands: belay session new uploads DIR (with a skill),
+// session chat reads the person's lines (a message, the answer to the
+// approval the turn asks for inline, the next message typed ahead, /quit),
+// streams the events, and session show and session patch show the two
+// turns and their summed change.
+func TestSessionCommands(t *testing.T) {
+	s := startSessionServer(t)
+	skill := filepath.Join(t.TempDir(), "Calc-Style.md")
+	if err := os.WriteFile(skill, []byte("# How calc.py is written\n\nEvery function is one line.\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	id := s.newSession(t, "--skill", skill)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -85,7 +101,7 @@ func TestSessionCommands(t *testing.T) {
 		}
 	}
 
-	r = s.belay(t, "session", "show", id)
+	r := s.belay(t, "session", "show", id)
 	if r.code != 0 {
 		t.Fatalf("belay session show = %d: %s", r.code, r.stderr)
 	}
@@ -118,21 +134,8 @@ func TestSessionCommands(t *testing.T) {
 // answer typed after goes out on the new connection, and the turn's
 // events are each shown once, in order.
 func TestSessionChatConnectsAgain(t *testing.T) {
-	entry := embeddedtest.RealSandbox(t)
-	scriptFile := filepath.Join(t.TempDir(), "script.json")
-	if err := os.WriteFile(scriptFile, []byte(sessionScript), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := startServer(t, func(c *embedded.Config) {
-		c.SandboxBin = entry
-		c.ScriptedModel = scriptFile
-	})
-	r := s.belay(t, "session", "new", project(t), "--allow", "calc.py", "--check", "python3 -m pytest -q",
-		"--approval", "ask", "--max-steps", "3")
-	if r.code != 0 {
-		t.Fatalf("belay session new = %d: %s", r.code, r.stderr)
-	}
-	id := strings.TrimSpace(r.stdout)
+	s := startSessionServer(t)
+	id := s.newSession(t)
 
 	proxy := newCuttingProxy(t, s.main.Addr())
 	environ := maps.Clone(s.env)
